@@ -1,0 +1,1 @@
+"""From findings to recommendations, and the standard formulas they use."""

@@ -1,0 +1,1 @@
+"""Pure analyses: a Timeline in, typed findings out. No I/O, no printing."""

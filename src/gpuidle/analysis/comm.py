@@ -1,0 +1,162 @@
+"""Collectives of one rank: what ran, how big, how fast, and how much was exposed.
+
+Each collective kernel is matched to the host call that issued it (the
+``record_param_comms``/``nccl:*`` range on the launching thread that contains the
+launch), which gives its type, process group and message size. Kernels without such
+a record are named from the kernel name (``ncclKernel_AllReduce_...``).
+
+Bandwidth follows nccl-tests: ``algbw = bytes / time`` and ``busbw = algbw * factor``
+with factor ``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for all_gather, reduce_scatter
+and all_to_all, and 1 for broadcast and reduce.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.idle import DeviceIdle
+from gpuidle.analysis.steps import StepWindow
+from gpuidle.model import I64, CollectiveStat, CommReport, DeviceOpKind, Timeline
+
+_CANONICAL = [
+    (re.compile(r"all_?reduce", re.I), "all_reduce"),
+    (re.compile(r"all_?gather", re.I), "all_gather"),
+    (re.compile(r"reduce_?scatter", re.I), "reduce_scatter"),
+    (re.compile(r"all_?to_?all|sendrecv", re.I), "all_to_all"),
+    (re.compile(r"broadcast", re.I), "broadcast"),
+    (re.compile(r"^reduce$|_reduce_|kernel_reduce", re.I), "reduce"),
+    (re.compile(r"barrier", re.I), "barrier"),
+    (re.compile(r"send|recv", re.I), "send_recv"),
+]
+SIZE_BUCKETS = [(1 << 10, "<1KiB"), (64 << 10, "1KiB-64KiB"), (1 << 20, "64KiB-1MiB"),
+                (16 << 20, "1MiB-16MiB"), (256 << 20, "16MiB-256MiB"), (1 << 62, ">=256MiB")]
+
+
+def canonical_collective(name: str) -> str:
+    for pattern, canon in _CANONICAL:
+        if pattern.search(name):
+            return canon
+    return name or "unknown"
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw factor for ``n`` ranks."""
+    if n <= 1:
+        return 0.0 if collective != "broadcast" and collective != "reduce" else 1.0
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def size_bucket(nbytes: int) -> str:
+    for limit, label in SIZE_BUCKETS:
+        if nbytes < limit:
+            return label
+    return SIZE_BUCKETS[-1][1]
+
+
+@dataclass(frozen=True, slots=True)
+class Collectives:
+    """One row per collective kernel in the window."""
+
+    op: I64
+    """Row in ``tl.device_ops``."""
+    device: np.ndarray
+    start: I64
+    end: I64
+    collective: list[str]
+    process_group: list[str]
+    nbytes: I64
+    """Message size (-1 unknown): the larger of input and output, as nccl-tests counts it."""
+    group_size: np.ndarray
+    step: np.ndarray
+    """Step index of the launch (or start) inside the window."""
+
+
+def find_collectives(tl: Timeline, window: StepWindow, launchers: I64) -> Collectives:
+    ops, host, calls = tl.device_ops, tl.host, tl.collectives
+    rows = np.flatnonzero((ops.kind == DeviceOpKind.COLLECTIVE) & (ops.start < window.end) & (ops.end > window.start))
+    rows = rows[np.argsort(ops.start[rows], kind="stable")]
+    kinds = [canonical_collective(_kernel_op(tl.strings[int(n)])) for n in ops.name[rows]]
+    groups = [""] * rows.size
+    nbytes = np.full(rows.size, -1, dtype=np.int64)
+    gsize = np.full(rows.size, -1, dtype=np.int32)
+    call = _issuing_call(tl, launchers, rows)
+    for i, c in enumerate(call):
+        if c < 0:
+            continue
+        if calls.collective[c]:
+            kinds[i] = canonical_collective(calls.collective[c])
+        groups[i] = calls.process_group[c]
+        nbytes[i] = max(calls.in_bytes[c], calls.out_bytes[c])
+        gsize[i] = calls.group_size[c]
+    default_n = tl.meta.world_size or -1
+    gsize = np.where(gsize > 0, gsize, default_n).astype(np.int32)
+    when = np.where(launchers[rows] >= 0, host.start[np.maximum(launchers[rows], 0)], ops.start[rows])
+    step = np.clip(np.searchsorted(window.bounds, when, side="right") - 1, 0, window.bounds.size - 2)
+    return Collectives(rows, ops.device[rows], ops.start[rows], ops.end[rows], kinds, groups, nbytes, gsize, step)
+
+
+def _kernel_op(kernel: str) -> str:
+    m = re.search(r"(?:ncclKernel|ncclDevKernel)_([A-Za-z]+)", kernel)
+    return m.group(1) if m else kernel
+
+
+def _issuing_call(tl: Timeline, launchers: I64, rows: I64) -> I64:
+    """For each collective kernel, the collective call whose host range contains its launch."""
+    calls, host = tl.collectives, tl.host
+    out = np.full(rows.size, -1, dtype=np.int64)
+    if len(calls) == 0 or rows.size == 0:
+        return out
+    # calls that know their size first: record_param_comms and the nccl:* range nested in it
+    # both contain the launch, and only one of them may carry the sizes
+    order = np.argsort(~((calls.in_bytes >= 0) | (calls.out_bytes >= 0)), kind="stable")
+    h = calls.host_index[order]
+    c_thread, c_start, c_end = host.thread[h], host.start[h], host.end[h]
+    launch = launchers[rows]
+    for i in np.flatnonzero(launch >= 0):
+        t, th = host.start[launch[i]], host.thread[launch[i]]
+        hit = np.flatnonzero((c_thread == th) & (c_start <= t) & (c_end >= t))
+        if hit.size:
+            out[i] = order[hit[0]]
+    return out
+
+
+def comm_report(tl: Timeline, window: StepWindow, devices: list[DeviceIdle], coll: Collectives) -> CommReport:
+    comm_ns = sum(iv.total(d.comm) for d in devices)
+    overlap_ns = sum(iv.total(iv.intersect(d.comm, d.busy)) for d in devices)
+    exposed_ns = comm_ns - overlap_ns
+    stats: dict[tuple[str, str], list[int]] = {}
+    bw: dict[tuple[str, str], list[float]] = {}
+    hist: dict[str, int] = {}
+    dur = coll.end - coll.start
+    for i, (k, g) in enumerate(zip(coll.collective, coll.process_group, strict=True)):
+        s = stats.setdefault((k, g), [0, 0, 0, 0])
+        s[0] += 1
+        s[1] += int(dur[i])
+        if coll.nbytes[i] > 0:
+            s[2] += int(coll.nbytes[i])
+            s[3] += int(dur[i])
+            hist[size_bucket(int(coll.nbytes[i]))] = hist.get(size_bucket(int(coll.nbytes[i])), 0) + 1
+            bw.setdefault((k, g), []).append(float(coll.group_size[i]))
+    out: list[CollectiveStat] = []
+    for (k, g), (count, total, nbytes, timed) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
+        algbw = nbytes / timed if timed else None  # bytes/ns == GB/s
+        n = int(np.median(bw[(k, g)])) if (k, g) in bw else -1
+        busbw = algbw * bus_factor(k, n) if (algbw is not None and n > 0) else None
+        out.append(CollectiveStat(collective=k, process_group=g, count=count, total_s=total / 1e9,
+                                  bytes=nbytes, algbw_gbps=algbw, busbw_gbps=busbw))
+    return CommReport(
+        comm_s=comm_ns / 1e9,
+        exposed_s=exposed_ns / 1e9,
+        overlap_ratio=(overlap_ns / comm_ns) if comm_ns else None,
+        collectives=out,
+        per_step_count=len(coll.op) / max(len(window.steps), 1),
+        size_histogram=hist,
+    )

@@ -1,0 +1,65 @@
+"""Facts about the kernels and host calls of a rank, inside the analysis window."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuidle.analysis.names import NameClasses
+from gpuidle.analysis.steps import StepWindow
+from gpuidle.model import CopyKind, DeviceOpKind, HostKind, KernelFacts, KernelStat, Timeline
+
+SHORT_KERNEL_NS = 10_000
+TOP_KERNELS = 10
+
+
+def kernel_facts(tl: Timeline, names: NameClasses, window: StepWindow) -> KernelFacts:
+    ops, host = tl.device_ops, tl.host
+    in_window = (ops.start >= window.start) & (ops.start < window.end)
+    kern = in_window & (ops.kind == DeviceOpKind.KERNEL)
+    dur = (ops.end - ops.start)[kern]
+    kname = ops.name[kern]
+    total = int(dur.sum())
+    short = dur < SHORT_KERNEL_NS
+    gemm_like = names.gemm[kname] | names.conv[kname]
+    gemm_time = int(dur[gemm_like].sum())
+    reduced = int(dur[gemm_like & names.reduced_precision[kname]].sum())
+
+    top: list[KernelStat] = []
+    if kname.size:
+        uniq, inv = np.unique(kname, return_inverse=True)
+        per_name = np.bincount(inv, weights=dur)
+        counts = np.bincount(inv)
+        for i in np.argsort(-per_name)[:TOP_KERNELS]:
+            top.append(KernelStat(name=tl.strings[int(uniq[i])], count=int(counts[i]),
+                                  total_s=float(per_name[i]) / 1e9,
+                                  share=float(per_name[i]) / total if total else 0.0))
+
+    h_in = (host.start >= window.start) & (host.start < window.end)
+    n_steps = max(len(window.steps), 1)
+    syncs = int((h_in & (host.kind == HostKind.RUNTIME) & names.sync_call[host.name]).sum())
+    items = int((h_in & (host.kind == HostKind.OP) & (host.name == _id(tl, "aten::item"))).sum())
+    pageable = in_window & (ops.copy_kind == CopyKind.HTOD_PAGEABLE)
+    launches = h_in & (host.kind == HostKind.RUNTIME) & names.launch_call[host.name]
+    launch_dur = (host.end - host.start)[launches]
+    return KernelFacts(
+        count=int(kern.sum()),
+        total_s=total / 1e9,
+        short_kernel_share=float(dur[short].sum()) / total if total else 0.0,
+        short_kernel_count=int(short.sum()),
+        reduced_precision_gemm_share=(reduced / gemm_time) if gemm_time else None,
+        gemm_share=gemm_time / total if total else 0.0,
+        conv_share=float(dur[names.conv[kname]].sum()) / total if total else 0.0,
+        top=top,
+        syncs_per_step=syncs / n_steps,
+        item_calls_per_step=items / n_steps,
+        pageable_htod_copies=int(pageable.sum()),
+        pageable_htod_bytes=int(np.maximum(ops.nbytes[pageable], 0).sum()),
+        median_launch_us=float(np.median(launch_dur)) / 1e3 if launch_dur.size else None,
+    )
+
+
+def _id(tl: Timeline, name: str) -> int:
+    try:
+        return tl.strings.index(name)
+    except ValueError:
+        return -1

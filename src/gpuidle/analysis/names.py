@@ -1,0 +1,77 @@
+"""What host and device event names mean, decided once per distinct name.
+
+Each predicate runs over the string table (a few thousand names at most), and the
+results are lookup arrays indexed by name id, so per-event classification is one
+vectorised gather.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+SYNC_CALLS = re.compile(
+    r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$|^cu(Stream|Ctx|Event)Synchronize$|^(cuda|hip)Free$"
+)
+"""Calls that block the host until device work finishes (``cudaFree`` synchronizes too)."""
+MEMCPY_CALLS = re.compile(r"^(cuda|hip|cu)Memcpy")
+SYNCHRONOUS_MEMCPY = re.compile(
+    r"^(cudaMemcpy|cudaMemcpy2D|cudaMemcpy3D|hipMemcpy|hipMemcpyWithStream|cuMemcpy[A-Za-z0-9]*?)(_v2)?$"
+)
+ITEM_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
+DATA_LOADING = re.compile(r"DataLoader|data[_ ]?load|load[_ ]?batch|get[_ ]?batch", re.IGNORECASE)
+COLLECTIVE_HOST = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)")
+PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
+LAUNCH_CALLS = re.compile(r"Launch|^(cuda|hip)Memset|^cuMemset|^cudaGraphLaunch|^hipGraphLaunch")
+
+# Kernel-name facts
+GEMM = re.compile(r"gemm|gemv|cutlass|Cijk_|matmul|_mma|wgmma|cublas|xmma", re.IGNORECASE)
+CONV = re.compile(r"conv|cudnn|implicit_gemm|winograd|dgrad|wgrad|fprop", re.IGNORECASE)
+REDUCED_PRECISION = re.compile(
+    r"884|1688|16816|16832|s16|h16|bf16|fp16|f16|half|bfloat|tensorop|_hmma|hgemm|\bh\w*gemm|e4m3|e5m2|fp8|HHS|BBS|_HB_|_BB_|_HH_",
+    re.IGNORECASE,
+)
+
+
+def _mask(strings: list[str], test: re.Pattern[str] | frozenset[str]) -> np.ndarray:
+    if isinstance(test, frozenset):
+        return np.fromiter((s in test for s in strings), dtype=bool, count=len(strings))
+    return np.fromiter((test.search(s) is not None for s in strings), dtype=bool, count=len(strings))
+
+
+@dataclass(frozen=True, slots=True)
+class NameClasses:
+    """Boolean lookup arrays over a timeline's string table."""
+
+    sync_call: np.ndarray
+    memcpy_call: np.ndarray
+    synchronous_memcpy: np.ndarray
+    launch_call: np.ndarray
+    item_op: np.ndarray
+    data_loading: np.ndarray
+    collective_host: np.ndarray
+    profiler_step: np.ndarray
+    optimizer_step: np.ndarray
+    gemm: np.ndarray
+    conv: np.ndarray
+    reduced_precision: np.ndarray
+
+    @classmethod
+    def of(cls, strings: list[str]) -> NameClasses:
+        return cls(
+            sync_call=_mask(strings, SYNC_CALLS),
+            memcpy_call=_mask(strings, MEMCPY_CALLS),
+            synchronous_memcpy=_mask(strings, SYNCHRONOUS_MEMCPY),
+            launch_call=_mask(strings, LAUNCH_CALLS),
+            item_op=_mask(strings, ITEM_OPS),
+            data_loading=_mask(strings, DATA_LOADING),
+            collective_host=_mask(strings, COLLECTIVE_HOST),
+            profiler_step=_mask(strings, PROFILER_STEP),
+            optimizer_step=_mask(strings, OPTIMIZER_STEP),
+            gemm=_mask(strings, GEMM),
+            conv=_mask(strings, CONV),
+            reduced_precision=_mask(strings, REDUCED_PRECISION),
+        )

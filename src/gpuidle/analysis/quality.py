@@ -1,0 +1,54 @@
+"""Is the trace itself trustworthy? Notes on distortions a reader should know about."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuidle.analysis.names import NameClasses
+from gpuidle.analysis.steps import StepWindow
+from gpuidle.model import DeviceOpKind, HostKind, KernelFacts, Timeline
+
+SLOW_LAUNCH_US = 20.0
+"""A healthy cudaLaunchKernel takes 2-10 µs on the host; far above means overhead or contention."""
+OVERLAP_TOLERANCE_NS = 1_000
+
+
+def quality_notes(tl: Timeline, names: NameClasses, window: StepWindow, kernels: KernelFacts) -> list[str]:
+    notes: list[str] = []
+    if window.kind == "gpu_activity":
+        notes.append("no profiler steps and none could be inferred: the window is first to last GPU activity")
+    elif window.kind == "inferred_steps":
+        notes.append(f"no ProfilerStep ranges: steps inferred ({window.steps.source})")
+    if kernels.median_launch_us is not None and kernels.median_launch_us > SLOW_LAUNCH_US:
+        notes.append(
+            f"median kernel launch call takes {kernels.median_launch_us:.1f} µs on the host (normal: 2-10 µs): "
+            "profiler overhead (record_shapes/with_stack) or CPU contention inflates host time"
+        )
+    host = tl.host
+    if not (host.kind == HostKind.RUNTIME).any():
+        notes.append("no CUDA runtime events: launches cannot be linked to kernels, so host causes are approximate")
+    elif not (tl.device_ops.correlation >= 0).any():
+        notes.append("device events carry no correlation ids: launches cannot be linked to kernels")
+    overlapping = _overlapping_on_stream(tl)
+    if overlapping:
+        notes.append(f"{overlapping} device ops overlap an earlier op on the same stream: clock skew or a broken trace")
+    bounds = window.bounds
+    starts = tl.device_ops.start
+    starts = starts[(starts >= window.start) & (starts < window.end)]
+    counts = np.bincount(np.searchsorted(bounds, starts, side="right") - 1, minlength=bounds.size - 1)
+    empty = [int(n) for n, c in zip(window.steps.number, counts, strict=False) if c == 0]
+    if empty:
+        notes.append(f"steps with no GPU activity at all: {empty[:10]}")
+    return notes
+
+
+def _overlapping_on_stream(tl: Timeline) -> int:
+    ops = tl.device_ops
+    sel = ops.kind != DeviceOpKind.COLLECTIVE
+    if sel.sum() < 2:
+        return 0
+    dev, stream, start, end = ops.device[sel], ops.stream[sel], ops.start[sel], ops.end[sel]
+    order = np.lexsort((start, stream, dev))
+    dev, stream, start, end = dev[order], stream[order], start[order], end[order]
+    same = (dev[1:] == dev[:-1]) & (stream[1:] == stream[:-1])
+    return int((same & (start[1:] < end[:-1] - OVERLAP_TOLERANCE_NS)).sum())

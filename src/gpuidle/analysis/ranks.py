@@ -1,0 +1,229 @@
+"""The job view: ranks side by side, stragglers, and waiting that is not communication.
+
+The same collective is matched across ranks by (step number, process group, order
+within the step). Its kernel ends at about the same moment on every rank, since no
+rank can finish before the last one arrives; so a rank's *wait* for the last arrival
+is its kernel duration minus the shortest duration among the ranks, and the rank with
+the shortest kernel arrived last. This needs no clock alignment between hosts.
+
+The wait sits at the start of the kernel: ``[start, start + wait)``. The part of it
+that was exposed idle moves from ``communication`` to ``straggler_wait``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.summary import RankAnalysis
+from gpuidle.model import (
+    Cause,
+    CollectiveStat,
+    JobCommunication,
+    JobReport,
+    RankReport,
+    RankRow,
+    Straggler,
+)
+
+PERSISTENT_SCORE = 1.05
+"""A rank whose median own step time is 5 % above the fastest rank's is a persistent straggler."""
+HOST_CAUSES = (Cause.DATA_LOADING, Cause.CPU_COMPUTE, Cause.HOST_SYNC, Cause.LAUNCH_OVERHEAD, Cause.MEMCPY)
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """Per matched collective: every rank's wait (ns) and who came last."""
+
+    key: tuple[int, str, int]
+    step: int
+    waits: dict[int, int]
+    last: int
+
+
+def match_collectives(ranks: list[RankAnalysis]) -> list[Arrival]:
+    table: dict[tuple[int, str, int], dict[int, tuple[str, int]]] = defaultdict(dict)
+    for ra in ranks:
+        c = ra.collectives
+        on = np.flatnonzero(c.device == ra.primary_device)
+        seen: dict[tuple[int, str], int] = defaultdict(int)
+        for i in on:
+            step = int(ra.step_numbers[c.step[i]]) if ra.step_numbers.size else 0
+            group = c.process_group[i] or "default"
+            order = seen[(step, group)]
+            seen[(step, group)] += 1
+            table[(step, group, order)][ra.report.rank] = (c.collective[i], int(c.end[i] - c.start[i]))
+    out: list[Arrival] = []
+    for key, per_rank in sorted(table.items()):
+        if len(per_rank) < 2 or len({k for k, _ in per_rank.values()}) != 1:
+            continue
+        shortest = min(d for _, d in per_rank.values())
+        waits = {r: d - shortest for r, (_, d) in per_rank.items()}
+        last = min(per_rank, key=lambda r: (per_rank[r][1], r))
+        out.append(Arrival(key, key[0], waits, last))
+    return out
+
+
+def apply_straggler_wait(ra: RankAnalysis, arrivals: list[Arrival]) -> int:
+    """Move this rank's exposed waiting from ``communication`` to ``straggler_wait`` in its report.
+
+    :return: the ns moved.
+    """
+    c = ra.collectives
+    on = np.flatnonzero(c.device == ra.primary_device)
+    rank = ra.report.rank
+    wait_of: dict[tuple[int, str, int], int] = {a.key: a.waits[rank] for a in arrivals if rank in a.waits}
+    seen: dict[tuple[int, str], int] = defaultdict(int)
+    starts, ends = [], []
+    for i in on:
+        step = int(ra.step_numbers[c.step[i]]) if ra.step_numbers.size else 0
+        group = c.process_group[i] or "default"
+        key = (step, group, seen[(step, group)])
+        seen[(step, group)] += 1
+        w = wait_of.get(key, 0)
+        if w > 0:
+            starts.append(int(c.start[i]))
+            ends.append(int(c.start[i]) + w)
+    seg_s, seg_e, seg_step = ra.exposed_comm
+    if not starts or seg_s.size == 0:
+        return 0
+    waiting = iv.union(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64))
+    cut_s, cut_e, label = iv.label_segments((seg_s, seg_e), [waiting], extra_points=None)
+    hit = label == 0
+    step_of = seg_step[np.searchsorted(seg_s, cut_s[hit], side="right") - 1]
+    moved = np.bincount(step_of, weights=(cut_e - cut_s)[hit], minlength=len(ra.report.steps))
+    report = ra.report
+    device = next(d for d in report.devices if d.device == ra.primary_device)
+    total = int(moved.sum())
+    _move(device.idle_by_cause_s, total / 1e9)
+    for i, step in enumerate(report.steps):
+        _move(step.idle_by_cause_s, float(moved[i]) / 1e9)
+    return total
+
+
+def _move(causes: dict[str, float], seconds: float) -> None:
+    seconds = min(seconds, causes[Cause.COMMUNICATION.value])
+    causes[Cause.COMMUNICATION.value] -= seconds
+    causes[Cause.STRAGGLER_WAIT.value] += seconds
+
+
+def job_report(ranks: list[RankAnalysis], duplicates: list[int]) -> JobReport:
+    """Compare ranks; changes each rank's report in place (straggler wait)."""
+    reports = [ra.report for ra in ranks]
+    world = max((r.world_size or 0 for r in reports), default=0) or None
+    found = sorted(r.rank for r in reports)
+    notes: list[str] = []
+    sizes = {r.world_size for r in reports if r.world_size}
+    if len(sizes) > 1:
+        notes.append(f"ranks disagree on the world size: {sorted(sizes)}; are these traces from one job?")
+    missing = sorted(set(range(world)) - set(found)) if world else []
+    if missing:
+        notes.append(f"{len(found)} of {world} ranks present: waits are relative to the ranks present")
+    arrivals = match_collectives(ranks)
+    moved = {ra.report.rank: apply_straggler_wait(ra, arrivals) for ra in ranks}
+
+    own = {r.rank: _own_step_times(r) for r in reports}
+    medians = {rank: float(np.median(t)) for rank, t in own.items() if t.size}
+    fastest = min(medians.values()) if medians else 0.0
+    step_means = [float(np.mean([s.dur_s for s in r.steps])) for r in reports if r.steps]
+    skew = (max(step_means) / float(np.median(step_means))) if step_means and np.median(step_means) > 0 else None
+
+    last_by_step: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for a in arrivals:
+        last_by_step[a.step][a.last] += max(a.waits.values())
+    stragglers = _stragglers(reports, last_by_step, medians, fastest)
+
+    rows = []
+    for r in sorted(reports, key=lambda r: r.rank):
+        d = r.primary()
+        top = max(d.idle_by_cause_s.items(), key=lambda kv: kv[1])[0] if d.idle_s > 0 else "none"
+        rows.append(RankRow(rank=r.rank, step_s=float(np.mean([s.dur_s for s in r.steps])) if r.steps else 0.0,
+                            utilization=d.utilization, top_cause=top))
+    comm_s = sum(r.communication.comm_s for r in reports)
+    overlap = sum((r.communication.overlap_ratio or 0.0) * r.communication.comm_s for r in reports)
+    return JobReport(
+        world_size=world, ranks_found=found, missing_ranks=missing, duplicate_ranks=duplicates,
+        step_skew=skew, rank_table=rows, stragglers=stragglers,
+        communication=JobCommunication(
+            exposed_s=sum(r.primary().idle_by_cause_s[Cause.COMMUNICATION.value] for r in reports),
+            straggler_wait_s=sum(moved.values()) / 1e9,
+            overlap_ratio=overlap / comm_s if comm_s else None,
+            collectives=_merge_collectives(reports),
+        ),
+        notes=notes,
+    )
+
+
+def _own_step_times(r: RankReport) -> np.ndarray:
+    """Step time minus the time spent waiting for other ranks."""
+    return np.array([s.dur_s - s.idle_by_cause_s[Cause.STRAGGLER_WAIT.value] for s in r.steps])
+
+
+def _stragglers(
+    reports: list[RankReport], last_by_step: dict[int, dict[int, int]], medians: dict[int, float], fastest: float,
+) -> list[Straggler]:
+    late_steps: dict[int, list[int]] = defaultdict(list)
+    lateness: dict[int, list[int]] = defaultdict(list)
+    for step, per_rank in sorted(last_by_step.items()):
+        rank, ns = max(per_rank.items(), key=lambda kv: (kv[1], -kv[0]))
+        if ns > 0:
+            late_steps[rank].append(step)
+            lateness[rank].append(ns)
+    by_rank = {r.rank: r for r in reports}
+    out = []
+    for rank, steps in late_steps.items():
+        score = medians.get(rank, 0.0) / fastest if fastest > 0 else 1.0
+        n_steps = len(last_by_step)
+        if len(steps) < max(1, n_steps // 2) and score < PERSISTENT_SCORE:
+            continue
+        cause, why = _why_late(by_rank[rank], [r for r in reports if r.rank != rank])
+        out.append(Straggler(rank=rank, steps=steps, lateness_s=float(np.mean(lateness[rank])) / 1e9,
+                             score=score, cause=cause, why=why))
+    return sorted(out, key=lambda s: -s.lateness_s)
+
+
+def _why_late(late: RankReport, others: list[RankReport]) -> tuple[str, str]:
+    """The cause (or compute) where the late rank spends the most more than the others' median."""
+    def per_step(r: RankReport) -> dict[str, float]:
+        n = max(len(r.steps), 1)
+        d = r.primary()
+        out = {c.value: d.idle_by_cause_s[c.value] / n for c in HOST_CAUSES}
+        out["compute"] = d.busy_s / n
+        return out
+
+    mine = per_step(late)
+    theirs = [per_step(r) for r in others]
+    best, excess, ref = "unattributed", 0.0, 0.0
+    for key, value in mine.items():
+        median = float(np.median([t[key] for t in theirs])) if theirs else 0.0
+        if value - median > excess:
+            best, excess, ref = key, value - median, median
+    if excess <= 0:
+        return "unknown", f"rank {late.rank} shows no host cause or compute above the other ranks"
+    label = "longer compute kernels" if best == "compute" else best
+    return best, (f"rank {late.rank}: {label} {mine[best] * 1e3:.2f} ms/step "
+                  f"vs {ref * 1e3:.2f} ms/step median of the other ranks")
+
+
+def _merge_collectives(reports: list[RankReport]) -> list[CollectiveStat]:
+    merged: dict[tuple[str, str], list[float]] = {}
+    for r in reports:
+        for c in r.communication.collectives:
+            m = merged.setdefault((c.collective, c.process_group), [0, 0.0, 0, 0.0, 0.0])
+            m[0] += c.count
+            m[1] += c.total_s
+            m[2] += c.bytes
+            if c.algbw_gbps:
+                m[3] += c.bytes / c.algbw_gbps  # ns spent on the sized collectives
+            if c.busbw_gbps and c.algbw_gbps:
+                m[4] = c.busbw_gbps / c.algbw_gbps
+    out = []
+    for (k, g), (count, total, nbytes, timed, factor) in sorted(merged.items(), key=lambda kv: -kv[1][1]):
+        algbw = nbytes / timed if timed else None
+        out.append(CollectiveStat(collective=k, process_group=g, count=int(count), total_s=total, bytes=int(nbytes),
+                                  algbw_gbps=algbw, busbw_gbps=algbw * factor if (algbw and factor) else None))
+    return out
+

@@ -1,0 +1,106 @@
+"""One rank, all analyses: a Timeline in, a :class:`RankAnalysis` out.
+
+The analysis keeps, beside the serialisable :class:`RankReport`, the small arrays a
+job-level analysis needs from each rank (its collectives and its exposed
+communication segments), so ranks can be analysed in separate processes and merged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuidle.analysis.comm import Collectives, comm_report, find_collectives
+from gpuidle.analysis.idle import CAUSE_INDEX, attribute_idle
+from gpuidle.analysis.kernels import kernel_facts
+from gpuidle.analysis.links import launcher_rows
+from gpuidle.analysis.names import NameClasses
+from gpuidle.analysis.quality import quality_notes
+from gpuidle.analysis.steps import step_window
+from gpuidle.model import CAUSES, I64, Cause, DeviceReport, RankReport, StepReport, Timeline, Window
+
+
+@dataclass(frozen=True, slots=True)
+class RankAnalysis:
+    report: RankReport
+    primary_device: int
+    step_numbers: I64
+    collectives: Collectives
+    exposed_comm: tuple[I64, I64, np.ndarray]
+    """Idle segments of the primary device charged to communication: ``(start, end, step index)``."""
+    accumulation_repeats: int
+
+
+def _s(ns: float) -> float:
+    return float(ns) / 1e9
+
+
+def summarize_rank(tl: Timeline) -> RankAnalysis:
+    names = NameClasses.of(tl.strings)
+    window = step_window(tl, names)
+    launchers = launcher_rows(tl)
+    idle = attribute_idle(tl, names, window, launchers)
+    kernels = kernel_facts(tl, names, window)
+    coll = find_collectives(tl, window, launchers)
+    primary = max(idle, key=lambda d: (d.busy_ns, -d.device))
+    devices = [
+        DeviceReport(
+            device=d.device, name=tl.meta.device_names.get(d.device),
+            window_s=_s(d.window_ns), busy_s=_s(d.busy_ns), idle_s=_s(d.idle_ns),
+            utilization=d.busy_ns / d.window_ns if d.window_ns else 0.0,
+            idle_by_cause_s={c.value: _s(v) for c, v in d.idle_by_cause().items()},
+            active_s=_s(sum(int(e - s) for s, e in zip(*d.active, strict=True))),
+        )
+        for d in idle
+    ]
+    bounds = window.bounds
+    steps = [
+        StepReport(
+            step=int(window.steps.number[i]), start_s=_s(bounds[i]), dur_s=_s(bounds[i + 1] - bounds[i]),
+            busy_s=_s(primary.step_busy[i]), idle_s=_s(primary.step_idle[i].sum()),
+            idle_by_cause_s={c.value: _s(primary.step_idle[i, j]) for j, c in enumerate(CAUSES)},
+        )
+        for i in range(bounds.size - 1)
+    ]
+    notes = list(tl.meta.notes) + quality_notes(tl, names, window, kernels)
+    if len(idle) > 1:
+        notes.append(f"{len(idle)} devices in this trace; per-step figures are for device {primary.device}")
+    report = RankReport(
+        rank=tl.meta.rank if tl.meta.rank is not None else 0,
+        path=tl.meta.path, notes=notes, step_source=window.steps.source,
+        window=Window(kind=window.kind, start_s=_s(window.start), dur_s=_s(window.end - window.start)),
+        devices=devices, steps=steps, kernels=kernels,
+        communication=comm_report(tl, window, idle, coll),
+        world_size=tl.meta.world_size,
+    )
+    seg_s, seg_e, cause = primary.segments
+    exposed = cause == CAUSE_INDEX[Cause.COMMUNICATION]
+    step_of = np.clip(np.searchsorted(bounds, seg_s[exposed], side="right") - 1, 0, bounds.size - 2)
+    on_primary = coll.device == primary.device
+    return RankAnalysis(
+        report=report, primary_device=primary.device, step_numbers=window.steps.number,
+        collectives=coll, exposed_comm=(seg_s[exposed], seg_e[exposed], step_of),
+        accumulation_repeats=_accumulation_repeats(coll, on_primary),
+    )
+
+
+def _accumulation_repeats(coll: Collectives, on_device: np.ndarray) -> int:
+    """How often the all-reduce size sequence of a step repeats inside it (gradient accumulation
+    without ``no_sync`` all-reduces the same buckets once per micro-batch). The smallest repeat
+    count over the steps, so one irregular step cannot claim a repeat that is not there."""
+    sel = np.flatnonzero(on_device & (np.array(coll.collective) == "all_reduce") & (coll.nbytes > 0)) \
+        if coll.nbytes.size else np.zeros(0, dtype=np.int64)
+    if sel.size == 0:
+        return 1
+    repeats = []
+    for step in np.unique(coll.step[sel]):
+        sizes = coll.nbytes[sel[coll.step[sel] == step]]
+        n = sizes.size
+        best = 1
+        for period in range(1, n // 2 + 1):
+            if n % period == 0 and np.array_equal(sizes, np.tile(sizes[:period], n // period)):
+                best = n // period
+                break
+        repeats.append(best)
+    return int(min(repeats))

@@ -1,0 +1,358 @@
+"""The core model: one columnar :class:`Timeline` per rank, and the report it becomes.
+
+This module is the ground floor of the package. It imports nothing of ours, so any
+source, analysis, advice or renderer may import it.
+
+Times inside a :class:`Timeline` are integer nanoseconds (``int64``) measured from
+``meta.t0_ns``, the earliest timestamp of the trace; add ``t0_ns`` back to get the
+trace's own clock. Reports carry seconds as floats, as the JSON contract says.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+I8 = npt.NDArray[np.int8]
+
+SCHEMA = "gpuidle.analysis/1"
+SCHEMA_MINOR = 1
+"""Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object)."""
+
+
+class Cause(enum.StrEnum):
+    """Why a device was idle. Every idle nanosecond gets exactly one cause.
+
+    The order is the order of reports, not a priority; see ``analysis.idle`` for that.
+    """
+
+    DATA_LOADING = "data_loading"
+    HOST_SYNC = "host_sync"
+    LAUNCH_OVERHEAD = "launch_overhead"
+    CPU_COMPUTE = "cpu_compute"
+    MEMCPY = "memcpy"
+    COMMUNICATION = "communication"
+    STRAGGLER_WAIT = "straggler_wait"
+    UNATTRIBUTED = "unattributed"
+
+
+CAUSES: tuple[Cause, ...] = tuple(Cause)
+
+
+class DeviceOpKind(enum.IntEnum):
+    KERNEL = 0
+    MEMCPY = 1
+    MEMSET = 2
+    COLLECTIVE = 3
+    """A communication kernel (NCCL/RCCL); not compute, see ``analysis.idle``."""
+
+
+class HostKind(enum.IntEnum):
+    OP = 0
+    """An operator (``cpu_op``): dispatcher work that may launch device work."""
+    RUNTIME = 1
+    """A CUDA/HIP runtime or driver call (launch, copy, synchronize, ...)."""
+    ANNOTATION = 2
+    """A ``record_function`` range: profiler steps, DataLoader, user ranges."""
+
+
+class CopyKind(enum.IntEnum):
+    NONE = 0
+    HTOD_PAGEABLE = 1
+    HTOD_PINNED = 2
+    HTOD = 3
+    """Host to device, memory kind not recorded (ROCm writes ``Host -> Device``)."""
+    DTOH_PAGEABLE = 4
+    DTOH_PINNED = 5
+    DTOD = 6
+    OTHER = 7
+
+
+HTOD_KINDS = (CopyKind.HTOD_PAGEABLE, CopyKind.HTOD_PINNED, CopyKind.HTOD)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceOps:
+    """Work that ran on a device: kernels, copies, sets, collectives. One row each."""
+
+    start: I64
+    end: I64
+    device: I32
+    stream: I32
+    kind: I8
+    name: I32
+    """Index into :attr:`Timeline.strings`."""
+    correlation: I64
+    """Links the row to the runtime call that launched it; -1 when unknown."""
+    copy_kind: I8
+    nbytes: I64
+    """Bytes moved by a copy or set; -1 when unknown or not a copy."""
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class HostEvents:
+    """Ranges recorded on host threads: operators, runtime calls, annotations."""
+
+    start: I64
+    end: I64
+    thread: I32
+    """Index into :attr:`Timeline.threads`."""
+    kind: I8
+    name: I32
+    correlation: I64
+    """For runtime calls: the id shared with the device work they launched; else -1."""
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveCalls:
+    """Host-side collective records (``record_param_comms``, ``nccl:*`` ranges).
+
+    ``host_index`` points into :attr:`Timeline.host`; sizes are -1 when the trace
+    does not record them.
+    """
+
+    host_index: I64
+    collective: list[str]
+    process_group: list[str]
+    in_bytes: I64
+    out_bytes: I64
+    group_size: I32
+
+    def __len__(self) -> int:
+        return int(self.host_index.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """Training iterations: ``[start, end)`` per step, in host time."""
+
+    number: I64
+    start: I64
+    end: I64
+    source: str
+    """``profiler_step``, ``inferred:<method>`` or ``none``."""
+
+    def __len__(self) -> int:
+        return int(self.number.shape[0])
+
+
+@dataclass(slots=True)
+class TraceMeta:
+    path: str
+    format: str
+    t0_ns: int
+    """Trace clock of time zero, in ns."""
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    device_names: dict[int, str] = field(default_factory=dict)
+    process_groups: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Everything one rank's trace says, in columns. Built once by a source."""
+
+    strings: list[str]
+    threads: list[tuple[str, str]]
+    """(pid, tid) per thread index, as the trace spells them."""
+    device_ops: DeviceOps
+    host: HostEvents
+    collectives: CollectiveCalls
+    steps: Steps
+    meta: TraceMeta
+
+    @property
+    def devices(self) -> list[int]:
+        return sorted(int(d) for d in np.unique(self.device_ops.device))
+
+
+# ----------------------------------------------------------------------------------
+# The report: typed, and serialised as-is to the versioned JSON schema.
+# ----------------------------------------------------------------------------------
+
+
+def zero_causes() -> dict[str, float]:
+    return {c.value: 0.0 for c in CAUSES}
+
+
+class Window(msgspec.Struct):
+    """The span analysed, so a reader knows what "utilization" is a share of."""
+
+    kind: str
+    """``profiler_steps``, ``inferred_steps`` or ``gpu_activity``."""
+    start_s: float
+    """Start, in seconds from the first event of the trace."""
+    dur_s: float
+
+
+class DeviceReport(msgspec.Struct):
+    device: int
+    name: str | None
+    window_s: float
+    busy_s: float
+    """Union of compute kernels, copies and sets. Exposed collectives are idle."""
+    idle_s: float
+    utilization: float
+    idle_by_cause_s: dict[str, float]
+    active_s: float
+    """Union of all device work, collectives included: what nvidia-smi counts."""
+
+
+class StepReport(msgspec.Struct):
+    step: int
+    start_s: float
+    dur_s: float
+    busy_s: float
+    idle_s: float
+    idle_by_cause_s: dict[str, float]
+
+
+class KernelStat(msgspec.Struct):
+    name: str
+    count: int
+    total_s: float
+    share: float
+
+
+class KernelFacts(msgspec.Struct):
+    count: int
+    total_s: float
+    short_kernel_share: float
+    """Share of kernel time spent in kernels shorter than 10 µs."""
+    short_kernel_count: int
+    reduced_precision_gemm_share: float | None
+    """Share of GEMM/conv kernel time in tensor-core or fp16/bf16 kernels; None: no GEMMs."""
+    gemm_share: float
+    """Share of kernel time in GEMM/convolution kernels."""
+    conv_share: float
+    top: list[KernelStat]
+    syncs_per_step: float
+    item_calls_per_step: float
+    pageable_htod_copies: int
+    pageable_htod_bytes: int
+    median_launch_us: float | None
+
+
+class CollectiveStat(msgspec.Struct):
+    collective: str
+    process_group: str
+    count: int
+    total_s: float
+    bytes: int
+    """Sum of message bytes where known."""
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+
+
+class CommReport(msgspec.Struct):
+    comm_s: float
+    """Union of collective kernel time."""
+    exposed_s: float
+    """Collective time with no compute running."""
+    overlap_ratio: float | None
+    """Compute during communication / communication time (HTA's definition)."""
+    collectives: list[CollectiveStat]
+    per_step_count: float
+    size_histogram: dict[str, int]
+
+
+class RankReport(msgspec.Struct):
+    rank: int
+    path: str
+    notes: list[str]
+    step_source: str
+    window: Window
+    devices: list[DeviceReport]
+    steps: list[StepReport]
+    kernels: KernelFacts
+    communication: CommReport
+    world_size: int | None = None
+
+    def primary(self) -> DeviceReport:
+        """The device this rank trains on: the one with the most busy time."""
+        return max(self.devices, key=lambda d: (d.busy_s, -d.device))
+
+
+class Gain(msgspec.Struct):
+    step_s_saved: float
+    utilization_after: float
+
+
+class Recommendation(msgspec.Struct):
+    id: str
+    cause: str
+    title: str
+    evidence: dict[str, Any]
+    fix: str
+    gain: Gain
+    confidence: str
+    """``high``: measured idle of this cause; ``medium``/``low``: an estimate."""
+    rank: int | None = None
+
+
+class Straggler(msgspec.Struct):
+    rank: int
+    steps: list[int]
+    lateness_s: float
+    """Mean lateness over the steps where this rank arrived last."""
+    score: float
+    """Median step time of this rank / fastest rank's median (NVRx-style)."""
+    cause: str
+    why: str
+
+
+class RankRow(msgspec.Struct):
+    rank: int
+    step_s: float
+    utilization: float
+    top_cause: str
+
+
+class JobCommunication(msgspec.Struct):
+    exposed_s: float
+    straggler_wait_s: float
+    overlap_ratio: float | None
+    collectives: list[CollectiveStat]
+
+
+class JobReport(msgspec.Struct):
+    world_size: int | None
+    ranks_found: list[int]
+    missing_ranks: list[int]
+    duplicate_ranks: list[int]
+    step_skew: float | None
+    """Max / median of per-rank mean step time."""
+    rank_table: list[RankRow]
+    stragglers: list[Straggler]
+    communication: JobCommunication
+    notes: list[str]
+
+
+class Source(msgspec.Struct):
+    paths: list[str]
+    format: str
+    skipped: list[str] = []
+
+
+class AnalysisReport(msgspec.Struct, kw_only=True):
+    schema: str = SCHEMA
+    schema_minor: int = SCHEMA_MINOR
+    source: Source
+    ranks: list[RankReport]
+    job: JobReport | None = None
+    recommendations: list[Recommendation]

@@ -1,0 +1,1 @@
+"""Renderers: a report in, text out. They format; they compute nothing new."""

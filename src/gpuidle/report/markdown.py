@@ -1,0 +1,60 @@
+"""Markdown, for pasting a report into a pull request or an issue."""
+
+from __future__ import annotations
+
+from gpuidle.model import CAUSES, AnalysisReport, RankReport
+from gpuidle.report.common import DEFAULT_OPTIONS, TARGET_UTILIZATION, RenderOptions, ms, pct, step_rows
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+class MarkdownRenderer:
+    name = "md"
+    extensions: tuple[str, ...] = (".md",)
+
+    def render(self, report: AnalysisReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
+        lines = [f"## gpuidle: {len(report.ranks)} rank(s), {report.source.format}", ""]
+        shown = [report.ranks[0]] if report.job is None else [min(report.ranks, key=lambda r: r.primary().utilization)]
+        if report.job is not None:
+            job = report.job
+            skew = "n/a" if job.step_skew is None else f"{job.step_skew:.3f}"
+            lines += [f"**Job**: {len(job.ranks_found)} ranks, step-time skew {skew}", ""]
+            lines += _table(["rank", "step", "utilization", "top cause"],
+                            [[str(r.rank), ms(r.step_s), pct(r.utilization), r.top_cause] for r in job.rank_table])
+            lines.append("")
+            for s in job.stragglers:
+                lines.append(f"- **straggler** rank {s.rank}: late by {ms(s.lateness_s)} in steps {s.steps}, "
+                             f"score {s.score:.2f}; {s.why}")
+            c = job.communication
+            lines += [f"- communication exposed {ms(c.exposed_s)}, straggler wait {ms(c.straggler_wait_s)}", ""]
+        for r in shown:
+            lines += self._rank(r)
+        lines += ["### Top fixes", ""]
+        for i, rec in enumerate(report.recommendations[: options.top], 1):
+            lines.append(f"{i}. **{rec.title}** — saves {ms(rec.gain.step_s_saved)}/step, utilization after "
+                         f"{pct(rec.gain.utilization_after)} ({rec.confidence} confidence)")
+            lines.append("   - evidence: " + ", ".join(f"`{k}={v}`" for k, v in rec.evidence.items()))
+            lines += ["", "   ```python"] + [f"   {x}" for x in rec.fix.splitlines()] + ["   ```", ""]
+        if not report.recommendations:
+            lines.append("No idle cause above its threshold.")
+        return "\n".join(lines) + "\n"
+
+    def _rank(self, r: RankReport) -> list[str]:
+        d = r.primary()
+        mark = "✅" if d.utilization >= TARGET_UTILIZATION else "⚠️"
+        out = [f"### Rank {r.rank}, device {d.device}: utilization {pct(d.utilization)} {mark}", "",
+               f"Window: {r.window.kind.replace('_', ' ')}, {len(r.steps)} step(s), {ms(r.window.dur_s)}; "
+               f"idle {ms(d.idle_s)}.", ""]
+        out += _table(["idle cause", "time", "of window"],
+                      [[c.value, ms(d.idle_by_cause_s[c.value]), pct(d.idle_by_cause_s[c.value] / d.window_s)]
+                       for c in CAUSES if d.idle_by_cause_s[c.value] > 0])
+        out.append("")
+        if len(r.steps) > 1:
+            out += _table(["step", "duration", "busy", "idle", "top cause"], [list(x) for x in step_rows(r)])
+            out.append("")
+        out += [f"> {n}" for n in r.notes]
+        return out + ([""] if r.notes else [])

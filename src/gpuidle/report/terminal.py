@@ -1,0 +1,151 @@
+"""The terminal report (rich): headline, idle by cause, steps, job view, fixes."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from gpuidle.model import CAUSES, AnalysisReport, DeviceReport, JobReport, RankReport, Recommendation
+from gpuidle.report.common import DEFAULT_OPTIONS, TARGET_UTILIZATION, RenderOptions, ms, pct, ranges, step_rows
+
+CAUSE_STYLE = {
+    "data_loading": "magenta", "host_sync": "red", "launch_overhead": "yellow", "cpu_compute": "cyan",
+    "memcpy": "blue", "communication": "green", "straggler_wait": "bright_red", "unattributed": "bright_black",
+}
+BAR = 30
+
+
+def _bar(share: float, style: str, width: int = BAR) -> Text:
+    filled = max(0, min(width, round(share * width)))
+    return Text("█" * filled, style=style) + Text("░" * (width - filled), style="bright_black")
+
+
+def _headline(r: RankReport, d: DeviceReport) -> Text:
+    style = "green" if d.utilization >= TARGET_UTILIZATION else ("yellow" if d.utilization >= 0.6 else "red")
+    name = f" ({d.name})" if d.name else ""
+    t = Text(f"rank {r.rank} · device {d.device}{name}  ", style="bold")
+    t += Text(f"utilization {pct(d.utilization)}", style=f"bold {style}")
+    t += Text(f"  (target {pct(TARGET_UTILIZATION, 0)})  idle {ms(d.idle_s)} of {ms(d.window_s)}")
+    if d.active_s > d.busy_s:
+        t += Text(f"  · nvidia-smi would count {pct(d.active_s / d.window_s)}", style="bright_black")
+    return t
+
+
+def _causes(d: DeviceReport) -> Table:
+    t = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
+    t.add_column("idle cause")
+    t.add_column("time", justify="right")
+    t.add_column("of window", justify="right")
+    t.add_column("")
+    for c in CAUSES:
+        v = d.idle_by_cause_s[c.value]
+        if v <= 0:
+            continue
+        share = v / d.window_s if d.window_s else 0.0
+        t.add_row(Text(c.value, style=CAUSE_STYLE[c.value]), ms(v), pct(share), _bar(share, CAUSE_STYLE[c.value]))
+    if d.idle_s <= 0:
+        t.add_row("(no idle time)", "", "", "")
+    return t
+
+
+def _steps(r: RankReport) -> Table:
+    t = Table(box=None, header_style="bold", pad_edge=False, title_justify="left")
+    for col in ("step", "duration", "busy", "idle", "top cause"):
+        t.add_column(col, justify="left" if col in ("step", "top cause") else "right")
+    for row in step_rows(r):
+        t.add_row(*row)
+    return t
+
+
+def _job(job: JobReport) -> RenderableType:
+    t = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("rank", "step", "utilization", "top cause"):
+        t.add_column(col, justify="right" if col in ("step", "utilization") else "left")
+    for row in job.rank_table:
+        t.add_row(str(row.rank), ms(row.step_s), pct(row.utilization),
+                  Text(row.top_cause, style=CAUSE_STYLE.get(row.top_cause, "")))
+    lines: list[RenderableType] = [t]
+    skew = "n/a" if job.step_skew is None else f"{job.step_skew:.3f}"
+    head = f"{len(job.ranks_found)} ranks"
+    if job.world_size:
+        head += f" of {job.world_size}"
+    lines.append(Text(f"{head} · step-time skew (max/median) {skew}"))
+    for s in job.stragglers:
+        lines.append(Text(f"straggler: rank {s.rank} late in steps {s.steps} by {ms(s.lateness_s)} on average, "
+                          f"score {s.score:.2f} — {s.why}", style="bright_red"))
+    c = job.communication
+    overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
+    lines.append(Text(f"communication: exposed {ms(c.exposed_s)}, waiting for stragglers {ms(c.straggler_wait_s)}, "
+                      f"overlap with compute {overlap}", style="green"))
+    for note in job.notes:
+        lines.append(Text(f"note: {note}", style="bright_black"))
+    if job.missing_ranks:
+        lines.append(Text(f"missing ranks: {ranges(job.missing_ranks)}", style="bright_black"))
+    if job.duplicate_ranks:
+        lines.append(Text(f"ranks given twice: {job.duplicate_ranks}", style="yellow"))
+    return Panel(Group(*lines), title="job", title_align="left")
+
+
+def _recommendation(i: int, rec: Recommendation) -> RenderableType:
+    head = Text(f"{i}. {rec.title}", style="bold")
+    gain = Text(f"   saves {ms(rec.gain.step_s_saved)}/step → utilization {pct(rec.gain.utilization_after)}"
+                f"  [{rec.confidence} confidence · {rec.cause}"
+                + (f" · rank {rec.rank}" if rec.rank is not None else "") + "]", style="green")
+    ev = Text("   evidence: " + ", ".join(f"{k}={v}" for k, v in rec.evidence.items()), style="bright_black")
+    fix = Text("\n".join("     " + line for line in rec.fix.splitlines()), style="cyan")
+    return Group(head, gain, ev, fix)
+
+
+class TerminalRenderer:
+    name = "terminal"
+    extensions: tuple[str, ...] = (".txt",)
+
+    def render(self, report: AnalysisReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
+        buf = io.StringIO()
+        console = Console(file=buf, force_terminal=options.color, no_color=not options.color,
+                          width=options.width, highlight=False)
+        n = len(report.ranks)
+        console.print(Text(f"gpuidle · {n} rank{'s' if n != 1 else ''} · {report.source.format}", style="bold"))
+        if report.job is None:
+            self._rank(console, report.ranks[0])
+        else:
+            console.print(_job(report.job))
+            worst = min(report.ranks, key=lambda r: r.primary().utilization)
+            console.print(Text(f"lowest utilization: rank {worst.rank}", style="bold"))
+            self._rank(console, worst)
+        recs = report.recommendations[: options.top]
+        console.print(Text("Top fixes" if recs else "No fix stands out: no idle cause above its threshold.",
+                           style="bold underline"))
+        for i, rec in enumerate(recs, 1):
+            console.print(_recommendation(i, rec))
+        if len(report.recommendations) > len(recs):
+            console.print(Text(f"(+{len(report.recommendations) - len(recs)} more: --top N or --format json)",
+                               style="bright_black"))
+        return buf.getvalue()
+
+    def _rank(self, console: Console, r: RankReport) -> None:
+        w = r.window
+        console.print(Text(f"window: {w.kind.replace('_', ' ')} · {len(r.steps)} step(s) · {ms(w.dur_s)}"
+                           f" · steps from {r.step_source}", style="bright_black"))
+        for d in r.devices:
+            console.print(_headline(r, d))
+        console.print(_causes(r.primary()))
+        if len(r.steps) > 1:
+            console.print(_steps(r))
+        c = r.communication
+        if c.comm_s > 0:
+            overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
+            console.print(Text(f"collectives: {ms(c.comm_s)} on the device, {ms(c.exposed_s)} exposed, "
+                               f"overlap {overlap}", style="green"))
+        k = r.kernels
+        facts = f"kernels: {k.count} ({pct(k.short_kernel_share)} of kernel time in kernels < 10 µs)"
+        if k.reduced_precision_gemm_share is not None:
+            facts += f" · GEMM/conv in fp16/bf16/tensor cores: {pct(k.reduced_precision_gemm_share)}"
+        facts += f" · syncs/step {k.syncs_per_step:.1f} · .item()/step {k.item_calls_per_step:.1f}"
+        console.print(Text(facts, style="bright_black"))
+        for note in r.notes:
+            console.print(Text(f"note: {note}", style="yellow"))

@@ -1,0 +1,1 @@
+"""Readers: each turns one kind of evidence into model objects, nothing more."""

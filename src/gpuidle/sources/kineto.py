@@ -1,0 +1,397 @@
+"""Read PyTorch profiler (Kineto) Chrome traces into a :class:`~gpuidle.model.Timeline`.
+
+Both schemas are read: the old categories (``Kernel``, ``Runtime``, ``Operator``,
+``Memcpy``, ``Memset``, GPU ``tid`` like ``"stream 7"``) and the new ones (``kernel``,
+``cuda_runtime``, ``cuda_driver``, ``cpu_op``, ``user_annotation``, ``gpu_memcpy``,
+``gpu_memset``). ROCm traces use the same categories with HIP names. Unknown
+categories are ignored.
+
+Only the fields used are decoded (typed msgspec structs), chunk by chunk, straight
+into numpy columns; no per-event object survives a chunk.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from gpuidle.errors import NoGpuActivity, NotATrace
+from gpuidle.model import (
+    CollectiveCalls,
+    CopyKind,
+    DeviceOpKind,
+    DeviceOps,
+    HostEvents,
+    HostKind,
+    Steps,
+    Timeline,
+    TraceMeta,
+)
+from gpuidle.sources.jsonstream import TraceStream
+
+FORMAT = "kineto"
+
+
+class _Args(msgspec.Struct):
+    correlation: int = -1
+    device: int = -1
+    stream: int | str = -1
+    bytes: int = -1
+    collective: str = msgspec.field(default="", name="Collective name")
+    group: str = msgspec.field(default="", name="Process Group Name")
+    in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
+    out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
+    group_size: int = msgspec.field(default=-1, name="Group size")
+    dtype: str = ""
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+
+
+class _Event(msgspec.Struct):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: float = 0.0
+    dur: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+    args: _Args | None = None
+
+
+class _LooseEvent(msgspec.Struct):
+    """Fallback for chunks whose fields have unexpected types: coerced in Python."""
+
+    ph: Any = ""
+    cat: Any = ""
+    name: Any = ""
+    ts: Any = 0.0
+    dur: Any = 0.0
+    pid: Any = 0
+    tid: Any = 0
+    args: Any = None
+
+
+_strict = msgspec.json.Decoder(list[_Event])
+_loose = msgspec.json.Decoder(list[_LooseEvent])
+
+
+def _loose_to_strict(ev: _LooseEvent) -> _Event:
+    a = ev.args if isinstance(ev.args, dict) else {}
+
+    def num(v: Any, default: int = -1) -> int:
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            try:
+                return int(str(v), 0)
+            except (TypeError, ValueError):
+                return default
+
+    def fnum(v: Any) -> float:
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            return 0.0
+
+    args = _Args(
+        correlation=num(a.get("correlation")),
+        device=num(a.get("device")),
+        stream=num(a.get("stream")),
+        bytes=num(a.get("bytes")),
+        collective=str(a.get("Collective name", "")),
+        group=str(a.get("Process Group Name", "")),
+        in_nelems=num(a.get("In msg nelems")),
+        out_nelems=num(a.get("Out msg nelems")),
+        group_size=num(a.get("Group size")),
+        dtype=str(a.get("dtype", "")),
+        input_dims=msgspec.Raw(msgspec.json.encode(a.get("Input Dims", []))),
+        input_type=msgspec.Raw(msgspec.json.encode(a.get("Input type", []))),
+    )
+    pid = ev.pid if isinstance(ev.pid, int | str) else str(ev.pid)
+    tid = ev.tid if isinstance(ev.tid, int | str) else str(ev.tid)
+    return _Event(str(ev.ph), str(ev.cat), str(ev.name), fnum(ev.ts), fnum(ev.dur), pid, tid, args)
+
+
+def _decode_chunk(text: bytes) -> list[_Event]:
+    try:
+        return _strict.decode(text)
+    except msgspec.ValidationError:
+        return [_loose_to_strict(e) for e in _loose.decode(text)]
+
+
+_DEVICE_CATS = {
+    "kernel": DeviceOpKind.KERNEL,
+    "Kernel": DeviceOpKind.KERNEL,
+    "gpu_memcpy": DeviceOpKind.MEMCPY,
+    "Memcpy": DeviceOpKind.MEMCPY,
+    "gpu_memset": DeviceOpKind.MEMSET,
+    "Memset": DeviceOpKind.MEMSET,
+}
+_HOST_CATS = {
+    "cpu_op": HostKind.OP,
+    "Operator": HostKind.OP,
+    "cuda_runtime": HostKind.RUNTIME,
+    "Runtime": HostKind.RUNTIME,
+    "cuda_driver": HostKind.RUNTIME,
+    "user_annotation": HostKind.ANNOTATION,
+    "python_function": -1,
+}
+_FOREIGN_ACCELERATOR = re.compile(r"^(mtia|xpu|hpu|tpu|npu|mps)_", re.IGNORECASE)
+_COLLECTIVE_KERNEL = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.IGNORECASE)
+_STREAM_TID = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "half": 2, "float16": 2, "bfloat16": 2,
+    "bf16": 2, "c10::half": 2, "c10::bfloat16": 2, "double": 8, "float64": 8, "long": 8,
+    "int64": 8, "long int": 8, "char": 1, "int8": 1, "byte": 1, "uint8": 1, "bool": 1,
+    "short": 2, "int16": 2, "complexfloat": 8, "complexdouble": 16,
+}
+
+
+def copy_kind(name: str) -> CopyKind:
+    """Classify a copy from its Kineto name, e.g. ``Memcpy HtoD (Pageable -> Device)``."""
+    if "HtoD" in name:
+        if "Pageable" in name:
+            return CopyKind.HTOD_PAGEABLE
+        return CopyKind.HTOD_PINNED if "Pinned" in name else CopyKind.HTOD
+    if "DtoH" in name:
+        if "Pageable" in name:
+            return CopyKind.DTOH_PAGEABLE
+        return CopyKind.DTOH_PINNED if "Pinned" in name else CopyKind.OTHER
+    if "DtoD" in name or "PtoP" in name:
+        return CopyKind.DTOD
+    return CopyKind.OTHER
+
+
+def dtype_bytes(dtype: str) -> int:
+    return _DTYPE_BYTES.get(dtype.strip().lower(), -1)
+
+
+def is_collective_kernel(name: str) -> bool:
+    return bool(_COLLECTIVE_KERNEL.search(name))
+
+
+def _to_ns(us: np.ndarray) -> np.ndarray:
+    """µs (float, possibly fractional) to int64 ns without losing large integer parts."""
+    whole = np.floor(us)
+    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
+
+
+class _Columns:
+    """Per-kind growing lists, turned into numpy arrays once at the end."""
+
+    def __init__(self) -> None:
+        self.strings: list[str] = []
+        self.string_ids: dict[str, int] = {}
+        self.threads: list[tuple[str, str]] = []
+        self.thread_ids: dict[tuple[Any, Any], int] = {}
+        self.dev: dict[str, list[Any]] = {k: [] for k in
+                                          ("ts", "dur", "device", "stream", "kind", "name", "corr", "copy", "bytes")}
+        self.host: dict[str, list[Any]] = {k: [] for k in ("ts", "dur", "thread", "kind", "name", "corr")}
+        self.coll: dict[str, list[Any]] = {k: [] for k in ("host", "name", "group", "inb", "outb", "size")}
+        self.foreign: set[str] = set()
+        self.events = 0
+
+    def intern(self, s: str) -> int:
+        i = self.string_ids.get(s)
+        if i is None:
+            i = self.string_ids[s] = len(self.strings)
+            self.strings.append(s)
+        return i
+
+    def thread(self, pid: Any, tid: Any) -> int:
+        key = (pid, tid)
+        i = self.thread_ids.get(key)
+        if i is None:
+            i = self.thread_ids[key] = len(self.threads)
+            self.threads.append((str(pid), str(tid)))
+        return i
+
+    def add(self, events: list[_Event]) -> None:
+        self.events += len(events)
+        dev, host = self.dev, self.host
+        intern = self.intern
+        for e in events:
+            cat = e.cat
+            if e.ph != "X":
+                continue
+            kind = _DEVICE_CATS.get(cat)
+            if kind is not None:
+                a = e.args or _Args()
+                name = e.name
+                if kind == DeviceOpKind.KERNEL and is_collective_kernel(name):
+                    kind = DeviceOpKind.COLLECTIVE
+                device = a.device if a.device >= 0 else (e.pid if isinstance(e.pid, int) else 0)
+                stream = a.stream
+                if not isinstance(stream, int) or stream < 0:
+                    m = _STREAM_TID.search(str(e.tid))
+                    stream = int(m.group(1)) if m else (e.tid if isinstance(e.tid, int) else 0)
+                dev["ts"].append(e.ts)
+                dev["dur"].append(e.dur)
+                dev["device"].append(device)
+                dev["stream"].append(stream)
+                dev["kind"].append(kind)
+                dev["name"].append(intern(name))
+                dev["corr"].append(a.correlation)
+                dev["copy"].append(copy_kind(name) if kind == DeviceOpKind.MEMCPY else CopyKind.NONE)
+                dev["bytes"].append(a.bytes)
+                continue
+            hkind = _HOST_CATS.get(cat)
+            if hkind is None:
+                if _FOREIGN_ACCELERATOR.match(cat):
+                    self.foreign.add(cat)
+                continue
+            if hkind < 0:
+                continue
+            a = e.args
+            host["ts"].append(e.ts)
+            host["dur"].append(e.dur)
+            host["thread"].append(self.thread(e.pid, e.tid))
+            host["kind"].append(hkind)
+            host["name"].append(intern(e.name))
+            host["corr"].append(a.correlation if (a is not None and hkind == HostKind.RUNTIME) else -1)
+            if a is not None and (e.name == "record_param_comms" or e.name.startswith("nccl:")):
+                self._collective(len(host["ts"]) - 1, e.name, a)
+
+    def _collective(self, index: int, name: str, a: _Args) -> None:
+        size = dtype_bytes(a.dtype) if a.dtype else -1
+        inb = a.in_nelems * size if (a.in_nelems >= 0 and size > 0) else -1
+        outb = a.out_nelems * size if (a.out_nelems >= 0 and size > 0) else -1
+        coll = a.collective or (name[5:] if name.startswith("nccl:") else "")
+        if inb < 0 and bytes(a.input_dims):  # older traces: nccl:<op> with Input Dims/type
+            inb = _bytes_from_dims(bytes(a.input_dims), bytes(a.input_type))
+        c = self.coll
+        c["host"].append(index)
+        c["name"].append(coll)
+        c["group"].append(a.group)
+        c["inb"].append(inb)
+        c["outb"].append(outb)
+        c["size"].append(a.group_size)
+
+
+def _bytes_from_dims(dims_raw: bytes, types_raw: bytes) -> int:
+    try:
+        dims = msgspec.json.decode(dims_raw)
+        types = msgspec.json.decode(types_raw) if types_raw else []
+    except msgspec.DecodeError:
+        return -1
+    total = 0
+    for shape, dtype in zip(dims, types, strict=False):
+        if not isinstance(shape, list) or not shape or not isinstance(dtype, str):
+            continue
+        size = dtype_bytes(dtype)
+        if size < 0 or not all(isinstance(d, int) for d in shape):
+            continue
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * size
+    return total if total > 0 else -1
+
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timeline:
+    """Read one Kineto trace file.
+
+    :raises CorruptInput: truncated gzip, invalid JSON.
+    :raises NotATrace: JSON that is not a Chrome trace, or a trace of a non-GPU accelerator.
+    :raises NoGpuActivity: a trace with no kernels, copies or sets.
+    """
+    cols = _Columns()
+    stream = TraceStream(path, _decode_chunk, progress)
+    for chunk in stream:
+        cols.add(chunk)
+    header = stream.header
+    d, h = cols.dev, cols.host
+    if not d["ts"]:
+        if cols.foreign:
+            raise NotATrace(
+                f"{path}: a trace of a non-GPU accelerator ({', '.join(sorted(cols.foreign))} events)",
+                "gpuidle analyses CUDA and ROCm GPU traces",
+            )
+        if cols.events == 0 and not header:
+            raise NotATrace(f"{path}: the trace holds no events", "was the profiler started?")
+        raise NoGpuActivity(
+            f"{path}: no GPU activity in this trace (CPU-only: {len(h['ts'])} host events, 0 kernels)",
+            "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] on a GPU run",
+        )
+    dts = np.asarray(d["ts"], dtype=np.float64)
+    hts = np.asarray(h["ts"], dtype=np.float64)
+    t0_us = float(np.floor(min(dts.min(), hts.min() if hts.size else np.inf)))
+    dstart = _to_ns(dts - t0_us)
+    hstart = _to_ns(hts - t0_us)
+    dend = dstart + np.maximum(_to_ns(np.asarray(d["dur"], dtype=np.float64)), 0)
+    hend = hstart + np.maximum(_to_ns(np.asarray(h["dur"], dtype=np.float64)), 0)
+    device_ops = DeviceOps(
+        start=dstart, end=dend,
+        device=np.asarray(d["device"], dtype=np.int32),
+        stream=np.asarray(d["stream"], dtype=np.int32),
+        kind=np.asarray(d["kind"], dtype=np.int8),
+        name=np.asarray(d["name"], dtype=np.int32),
+        correlation=np.asarray(d["corr"], dtype=np.int64),
+        copy_kind=np.asarray(d["copy"], dtype=np.int8),
+        nbytes=np.asarray(d["bytes"], dtype=np.int64),
+    )
+    host = HostEvents(
+        start=hstart, end=hend,
+        thread=np.asarray(h["thread"], dtype=np.int32),
+        kind=np.asarray(h["kind"], dtype=np.int8),
+        name=np.asarray(h["name"], dtype=np.int32),
+        correlation=np.asarray(h["corr"], dtype=np.int64),
+    )
+    c = cols.coll
+    collectives = CollectiveCalls(
+        host_index=np.asarray(c["host"], dtype=np.int64),
+        collective=c["name"], process_group=c["group"],
+        in_bytes=np.asarray(c["inb"], dtype=np.int64),
+        out_bytes=np.asarray(c["outb"], dtype=np.int64),
+        group_size=np.asarray(c["size"], dtype=np.int32),
+    )
+    meta = _meta(path, header, int(t0_us) * 1000)
+    return Timeline(
+        strings=cols.strings, threads=cols.threads, device_ops=device_ops, host=host,
+        collectives=collectives, steps=_profiler_steps(cols.strings, host), meta=meta,
+    )
+
+
+def _profiler_steps(strings: list[str], host: HostEvents) -> Steps:
+    """``ProfilerStep#N`` ranges on the host; GPU-side copies of them are not host events."""
+    numbers = {i: int(m.group(1)) for i, s in enumerate(strings) if (m := _STEP.match(s))}
+    empty = np.zeros(0, dtype=np.int64)
+    if not numbers:
+        return Steps(empty, empty, empty, "none")
+    ids = np.fromiter(numbers.keys(), dtype=np.int32)
+    rows = np.flatnonzero(np.isin(host.name, ids))
+    rows = rows[np.argsort(host.start[rows], kind="stable")]
+    number = np.array([numbers[int(n)] for n in host.name[rows]], dtype=np.int64)
+    # one range per step number: a step recorded twice (two threads) keeps the first
+    _, first = np.unique(number, return_index=True)
+    rows, number = rows[np.sort(first)], number[np.sort(first)]
+    return Steps(number, host.start[rows].copy(), host.end[rows].copy(), "profiler_step")
+
+
+def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
+    meta = TraceMeta(path=path, format=FORMAT, t0_ns=t0_ns)
+    info = header.get("distributedInfo")
+    if isinstance(info, dict):
+        rank, world = info.get("rank"), info.get("world_size")
+        meta.rank = rank if isinstance(rank, int) else None
+        meta.world_size = world if isinstance(world, int) else None
+        backend = info.get("backend")
+        meta.backend = backend if isinstance(backend, str) else None
+        groups = info.get("pg_config")
+        if isinstance(groups, list):
+            meta.process_groups = [g for g in groups if isinstance(g, dict)]
+    if meta.rank is None:
+        meta.notes.append("the trace records no rank (distributedInfo.rank): taken as rank 0")
+    props = header.get("deviceProperties")
+    if isinstance(props, list):
+        for p in props:
+            if isinstance(p, dict) and isinstance(p.get("id"), int) and isinstance(p.get("name"), str):
+                meta.device_names[p["id"]] = p["name"]
+    return meta

@@ -1,0 +1,92 @@
+"""gpuidle's numbers on real traces against the independent reference in reference.py."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import reference as ref
+from conftest import DATA
+
+from gpuidle.analysis.idle import attribute_idle
+from gpuidle.analysis.links import launcher_rows
+from gpuidle.analysis.names import NameClasses
+from gpuidle.analysis.steps import step_window
+from gpuidle.api import analyze
+from gpuidle.model import CAUSES
+from gpuidle.sources import kineto
+
+GPU_TRACES = [
+    "nccl_parser_config__nccl_data.json.gz",
+    "trace_filter__sampled_rank-0.json.gz",
+    "trace_filter__sampled_rank-1.json.gz",
+    "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz",
+    "critical_path__cuda_event_sync__event_sync_trace.json.gz",
+    "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+    "triton_example__triton_example.json.gz",
+    "trace_compare__base__base.json.gz",
+    "trace_compare__test__test.json.gz",
+    "trace_file_list__inference_rank_1.json.gz",
+]
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_window_busy_idle_match_reference(name: str) -> None:
+    path = DATA / name
+    t = ref.parse(path)
+    lo, hi = ref.window(t)
+    report = analyze([path])
+    (rank,) = report.ranks
+    assert rank.window.dur_s == pytest.approx((hi - lo) / 1e9, abs=1e-9)
+    for d in rank.devices:
+        busy = ref.busy(t, d.device)
+        assert d.window_s == pytest.approx((hi - lo) / 1e9, abs=1e-9)
+        assert d.busy_s == pytest.approx(busy / 1e9, abs=1e-9)
+        assert d.idle_s == pytest.approx((hi - lo - busy) / 1e9, abs=1e-9)
+        assert d.utilization == pytest.approx(busy / (hi - lo), abs=1e-12)
+        assert sum(d.idle_by_cause_s.values()) == pytest.approx(d.idle_s, abs=1e-9)
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_steps_add_up_to_the_window(name: str) -> None:
+    (rank,) = analyze([DATA / name]).ranks
+    d = rank.primary()
+    assert sum(s.dur_s for s in rank.steps) == pytest.approx(d.window_s, abs=1e-9)
+    assert sum(s.busy_s for s in rank.steps) == pytest.approx(d.busy_s, abs=1e-9)
+    for c in CAUSES:
+        assert sum(s.idle_by_cause_s[c.value] for s in rank.steps) == pytest.approx(d.idle_by_cause_s[c.value],
+                                                                                  abs=1e-9)
+
+
+def _segments(path: Path) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]]:
+    tl = kineto.read(str(path))
+    names = NameClasses.of(tl.strings)
+    win = step_window(tl, names)
+    out = []
+    for d in attribute_idle(tl, names, win, launcher_rows(tl)):
+        s, e, c = d.segments
+        out.append((d.device, s + tl.meta.t0_ns, e + tl.meta.t0_ns, c, int(d.busy_ns)))
+    return out
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_idle_causes_match_reference_at_sampled_instants(name: str) -> None:
+    """At random idle instants, the cause must be what the plain-Python rules say."""
+    path = DATA / name
+    t = ref.parse(path)
+    rng = random.Random(7)
+    for device, s, e, cause, _ in _segments(path):
+        at = ref.cause_at(t, device)
+        busy = ref.Cover([(o.start, o.end) for o in t.device_ops
+                          if o.device == device and not ref.COLLECTIVE.search(o.name)])
+        lengths = (e - s).astype(float)
+        picks = rng.choices(range(len(s)), weights=lengths.tolist(), k=min(400, 20 * len(s)))
+        for i in picks:
+            instant = rng.randrange(int(s[i]), int(e[i]))
+            assert instant not in busy
+            assert at(instant) == CAUSES[int(cause[i])].value, (name, device, instant)
+        # every segment boundary too: the first instant of each segment
+        for i in range(0, len(s), max(1, len(s) // 200)):
+            assert at(int(s[i])) == CAUSES[int(cause[i])].value, (name, device, int(s[i]))
