@@ -188,7 +188,8 @@ def cause_at(t: RefTrace, device: int) -> Any:
     starts = [o.start for o in compute]
     launch_of = {o.index: by_corr[o.corr] for o in compute if o.corr in by_corr}
 
-    hi = window(t)[1]
+    lo, hi = window(t)
+    ends = sorted(o.end for o in compute)
 
     def at(instant: int) -> str:
         if instant in comm:
@@ -198,7 +199,9 @@ def cause_at(t: RefTrace, device: int) -> Any:
             g1 = compute[i].start
             first = compute[bisect.bisect_left(starts, g1)]
             call = launch_of.get(first.index)
-            if call is not None and call.start <= instant < g1:
+            j = bisect.bisect_right(ends, instant)
+            g0 = max(lo, ends[j - 1]) if j else lo
+            if call is not None and call.start <= instant < g1 and (call.start >= g0 or g1 - call.start <= 50_000):
                 return "memcpy" if first.htod else "launch_overhead"
         for cover, cause in ((loading, "data_loading"), (sync, "host_sync"), (copies, "memcpy"),
                              (coll_host, "communication"), (plain_c, "cpu_compute"),

@@ -41,6 +41,8 @@ from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import CAUSES, HTOD_KINDS, I64, Cause, CopyKind, DeviceOpKind, HostKind, Timeline
 
 CAUSE_INDEX = {c: i for i, c in enumerate(CAUSES)}
+MAX_LAUNCH_LATENCY_NS = 50_000
+"""Longest gap still charged to a launch issued before the gap began (launches take 5-20 µs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +227,11 @@ def _launches_in_flight(
     op = rows[pos]
     ok = (ops.start[op] == ends_at) & (launchers[op] >= 0)
     op, gap_start, gap_end = op[ok], gap_start[ok], ends_at[ok]
-    launched = np.maximum(tl.host.start[launchers[op]], gap_start)  # only this gap is the launch's doing
-    ok = launched < gap_end
+    issued = tl.host.start[launchers[op]]
+    # Issued during the gap, or just before it with the gap no longer than a launch takes. An op
+    # queued long before waited on a dependency, not on its launch: the host layers decide.
+    ok = ((issued >= gap_start) | (gap_end - issued <= MAX_LAUNCH_LATENCY_NS)) & (issued < gap_end)
+    launched = np.maximum(issued, gap_start)
     op, gap_end, launched = op[ok], gap_end[ok], launched[ok]
     is_copy = np.isin(ops.copy_kind[op], HTOD_KINDS)
     return (launched[~is_copy], gap_end[~is_copy]), (launched[is_copy], gap_end[is_copy])
