@@ -229,6 +229,8 @@ class TraceStream:
         self.header.update(obj)
 
     def _not_a_trace(self, head: bytes) -> Exception:
+        if not head.strip(_WS):
+            return CorruptInput(f"{self.path}: the file is empty", "the profiler did not finish writing it")
         try:
             obj = _generic.decode(head)
         except msgspec.DecodeError:
