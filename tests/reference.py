@@ -20,7 +20,9 @@ HOST_CATS = {"cpu_op", "Operator", "cuda_runtime", "Runtime", "cuda_driver", "us
 RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 OP_CATS = {"cpu_op", "Operator"}
 COLLECTIVE = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.I)
-SYNC = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$|^cu(Stream|Ctx|Event)Synchronize$|^(cuda|hip)Free$")
+SYNC = re.compile(
+    r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$|^cu(Stream|Ctx|Event)Synchronize$|^(cuda|hip)Free$"
+)
 SYNC_COPY = re.compile(r"^(cudaMemcpy|cudaMemcpy2D|cudaMemcpy3D|hipMemcpy|hipMemcpyWithStream|cuMemcpy\w*?)(_v2)?$")
 DATA = re.compile(r"DataLoader|data[_ ]?load|load[_ ]?batch|get[_ ]?batch", re.I)
 COLL_HOST = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)")

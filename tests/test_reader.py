@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DATA
-from minitrace import Trace
 
+from conftest import DATA
 from gpuidle.errors import CorruptInput
 from gpuidle.model import CopyKind, DeviceOpKind, HostKind, Timeline
 from gpuidle.sources import jsonstream, kineto
+from minitrace import Trace
 
 
 def columns(tl: Timeline) -> dict[str, np.ndarray]:
@@ -49,7 +49,8 @@ def test_false_cuts_inside_strings_and_objects(tmp_path: Path, monkeypatch: pyte
     tl = kineto.read(str(path))
     assert len(tl.device_ops) == 40
     assert tl.strings[tl.device_ops.name[3]] == 'k_3},{weird\\"name'
-    assert tl.meta.rank == 3 and tl.meta.world_size == 4
+    assert tl.meta.rank == 3
+    assert tl.meta.world_size == 4
     assert tl.meta.device_names == {0: "Test GPU"}
 
 

@@ -61,6 +61,9 @@ class RuleInput:
 
 
 Rule = Callable[[RuleInput], list[Recommendation]]
+LARGE_MESSAGE = 16 * MIB
+LOW_BUSBW_GBPS = 10.0
+"""Below this, a large all-reduce is not on NVLink or InfiniBand-class bandwidth."""
 MIN_SHARE = 0.03
 """A cause below 3 % of the window is not worth a recommendation."""
 
@@ -251,15 +254,15 @@ def exposed_communication(x: RuleInput) -> list[Recommendation]:
             f")",
             x.gain(exposed), confidence="medium",
         ))
-    big = [c for c in comm.collectives if c.busbw_gbps is not None]
-    if big:
-        worst = min(big, key=lambda c: c.busbw_gbps or 0.0)
+    sized = [c for c in reduces if c.busbw_gbps is not None]
+    if sized:
+        worst = min(sized, key=lambda c: c.busbw_gbps or 0.0)
         out.append(x.rec(
             "comm_compression", Cause.COMMUNICATION,
-            "Communication is exposed: compress gradients before the all-reduce",
+            "Gradient all-reduce is exposed: compress gradients before it",
             {"exposed_comm_ms_per_step": _ms(x.per_step(exposed)),
              "overlap_ratio": None if comm.overlap_ratio is None else round(comm.overlap_ratio, 3),
-             "lowest_busbw_gbps": round(worst.busbw_gbps or 0.0, 2), "collective": worst.collective,
+             "all_reduce_busbw_gbps": round(worst.busbw_gbps or 0.0, 2),
              "assumption": "bf16 halves the bytes on the wire: half the exposed time"},
             "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
             "model.register_comm_hook(state=None, hook=default_hooks.bf16_compress_hook)  # or fp16_compress_hook\n"
@@ -269,6 +272,24 @@ def exposed_communication(x: RuleInput) -> list[Recommendation]:
             "#   model.register_comm_hook(state, powerSGD.powerSGD_hook)",
             x.gain(exposed / 2), confidence="medium",
         ))
+        large = [c for c in sized if c.count and c.bytes / c.count >= LARGE_MESSAGE
+                 and (c.busbw_gbps or 0.0) < LOW_BUSBW_GBPS]
+        if large:
+            c = large[0]
+            out.append(x.rec(
+                "nccl_transport", Cause.COMMUNICATION,
+                f"Large all-reduces reach only {c.busbw_gbps or 0.0:.1f} GB/s bus bandwidth: check the NCCL transport",
+                {"all_reduce_busbw_gbps": round(c.busbw_gbps or 0.0, 2),
+                 "mean_message_mib": round(c.bytes / c.count / MIB, 1),
+                 "caveat": "kernel time includes waiting for other ranks; "
+                           "measure the link itself with gpuidle bench allreduce"},
+                "# which transport does NCCL pick? (debug output: not for production runs)\n"
+                "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET torchrun ...   # look for 'via NET/Socket' vs 'NET/IB'\n"
+                "# pin NCCL to the fast interface and make sure InfiniBand is not disabled\n"
+                "export NCCL_SOCKET_IFNAME=ib0        # or your high-speed Ethernet interface, e.g. ens5\n"
+                "export NCCL_IB_DISABLE=0",
+                x.gain(exposed / 2), confidence="low",
+            ))
     busy = x.device.busy_s
     if x.report.communication.comm_s >= busy > 0:
         out.append(x.rec(

@@ -1,0 +1,121 @@
+"""The job view on hand-built multi-rank traces with a known straggler, and on a real rank pair."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import DATA
+from minitrace import Trace
+
+from gpuidle.analysis.comm import bus_factor
+from gpuidle.api import analyze
+from gpuidle.model import AnalysisReport
+
+US = 1e-6
+ALLREDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def two_ranks(tmp_path: Path, late_by: float = 300, steps: int = 2) -> AnalysisReport:
+    """Rank 1 loads data ``late_by`` µs longer each step; the all-reduce moves 1 MiB in 300 µs."""
+    for rank in (0, 1):
+        t = Trace(rank=rank, world=2)
+        for s in range(steps):
+            base = s * 2000
+            load = late_by if rank == 1 else 0
+            t.step(s + 1, base, 1500)
+            if load:
+                t.annotation("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", base, load)
+            t.launch(at=base + load, call_dur=10, start=base + load + 10, dur=490)
+            t.op("record_param_comms", base + load + 20, 20, **{
+                "Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": 262144,
+                "Out msg nelems": 262144, "dtype": "Float", "Group size": 2})
+            ar_start = base + load + 500
+            ar_end = base + late_by + 800  # ends together on both ranks
+            t.launch(at=base + load + 25, call_dur=5, start=ar_start, dur=ar_end - ar_start, stream=20,
+                     name=ALLREDUCE)
+        t.write(tmp_path / f"rank{rank}.json.gz")
+    return analyze([tmp_path], workers=2)
+
+
+def test_straggler_wait_is_not_communication(tmp_path: Path) -> None:
+    report = two_ranks(tmp_path)
+    r0, r1 = report.ranks
+    d0, d1 = r0.primary(), r1.primary()
+    # rank 0: all-reduce [500, 1100) per step, alone on the device: 300 µs waiting, 300 µs moving data
+    assert d0.idle_by_cause_s["straggler_wait"] == pytest.approx(2 * 300 * US)
+    assert d0.idle_by_cause_s["communication"] == pytest.approx(2 * 300 * US)
+    # rank 1 arrived last: its all-reduce is pure transfer
+    assert d1.idle_by_cause_s["straggler_wait"] == 0
+    assert d1.idle_by_cause_s["communication"] == pytest.approx(2 * 300 * US)
+    assert d1.idle_by_cause_s["data_loading"] == pytest.approx(2 * 300 * US)
+    for r in (r0, r1):
+        for s in r.steps:
+            assert s.busy_s + sum(s.idle_by_cause_s.values()) == pytest.approx(s.dur_s, abs=1e-12)
+    job = report.job
+    assert job is not None
+    (straggler,) = job.stragglers
+    assert straggler.rank == 1
+    assert straggler.steps == [1, 2]
+    assert straggler.lateness_s == pytest.approx(300 * US)
+    assert straggler.cause == "data_loading"
+    assert job.communication.straggler_wait_s == pytest.approx(600 * US)
+    assert job.ranks_found == [0, 1]
+    assert job.missing_ranks == []
+    rec = next(r for r in report.recommendations if r.id == "straggler_rank_1")
+    assert rec.cause == "straggler_wait"
+    assert rec.gain.step_s_saved == pytest.approx(300 * US)
+
+
+def test_bandwidth_from_message_size(tmp_path: Path) -> None:
+    report = two_ranks(tmp_path)
+    (ar,) = [c for c in report.ranks[1].communication.collectives if c.collective == "all_reduce"]
+    assert ar.count == 2
+    assert ar.bytes == 2 * 262144 * 4
+    # rank 1 (no waiting): 1 MiB in 300 µs per collective
+    assert ar.algbw_gbps == pytest.approx((1 << 20) / 300e3)
+    assert ar.busbw_gbps == pytest.approx(ar.algbw_gbps * 2 * (2 - 1) / 2)
+
+
+def test_no_straggler_when_ranks_are_even(tmp_path: Path) -> None:
+    report = two_ranks(tmp_path, late_by=0)
+    assert report.job is not None
+    assert report.job.stragglers == []
+    assert report.job.communication.straggler_wait_s == 0
+    assert not [r for r in report.recommendations if r.cause == "straggler_wait"]
+
+
+def test_duplicate_rank_is_reported(tmp_path: Path) -> None:
+    two_ranks(tmp_path)
+    shutil.copy(tmp_path / "rank1.json.gz", tmp_path / "rank1-copy.json.gz")
+    report = analyze([tmp_path], workers=1)
+    assert report.job is not None
+    assert report.job.duplicate_ranks == [1]
+    assert [r.rank for r in report.ranks] == [0, 1]
+
+
+def test_bus_factors_match_nccl_tests() -> None:
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    for op in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert bus_factor(op, 8) == pytest.approx(7 / 8)
+    assert bus_factor("broadcast", 8) == 1.0
+    assert bus_factor("reduce", 8) == 1.0
+
+
+def test_real_rank_pair(tmp_path: Path) -> None:
+    for r in (0, 1):
+        shutil.copy(DATA / f"trace_filter__sampled_rank-{r}.json.gz", tmp_path)
+    report = analyze([tmp_path], workers=2)
+    job = report.job
+    assert job is not None
+    assert job.world_size == 128
+    assert job.ranks_found == [0, 1]
+    assert len(job.missing_ranks) == 126
+    assert any("2 of 128" in n for n in job.notes)
+    for r in report.ranks:
+        d = r.primary()
+        assert d.busy_s + sum(d.idle_by_cause_s.values()) == pytest.approx(d.window_s, abs=1e-9)
+    # waiting moved out of communication never exceeds the collectives' exposed time
+    exposed = sum(r.communication.exposed_s for r in report.ranks)
+    assert 0 < job.communication.straggler_wait_s <= exposed
