@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from minitrace import BWD, Trace
 
 from gpuidle.api import analyze
 from gpuidle.model import CAUSES, RankReport
+from minitrace import BWD, Trace
 
 US = 1e-6
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import reference as ref
 from conftest import DATA
-
 from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
