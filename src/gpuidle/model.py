@@ -175,10 +175,11 @@ class Timeline:
     collectives: CollectiveCalls
     steps: Steps
     meta: TraceMeta
+    devices: list[int] = field(init=False)
+    """Device indices with any activity, ascending."""
 
-    @property
-    def devices(self) -> list[int]:
-        return sorted(int(d) for d in np.unique(self.device_ops.device))
+    def __post_init__(self) -> None:
+        self.devices = [int(d) for d in np.unique(self.device_ops.device)]
 
 
 # ----------------------------------------------------------------------------------

@@ -35,6 +35,11 @@ _WS = b" \t\r\n"
 _generic = msgspec.json.Decoder()
 
 
+def _wrap(buf: bytearray, end: int) -> bytes:
+    """``[`` + ``buf[:end]`` + ``]`` with a single copy."""
+    return b"".join((b"[", memoryview(buf)[:end], b"]"))
+
+
 class TraceStream:
     """Iterate decoded event chunks of one file; then read :attr:`header`.
 
@@ -56,35 +61,37 @@ class TraceStream:
         self._size = os.path.getsize(path)
 
     # -- raw bytes ---------------------------------------------------------------
+    def _raw(self, f: BinaryIO) -> Iterator[bytes]:
+        done = 0
+        while block := f.read(READ_BLOCK):
+            done += len(block)
+            if self._progress:
+                self._progress(done, self._size)
+            yield block
+
     def _blocks(self, f: BinaryIO) -> Iterator[bytes]:
-        first = f.read(READ_BLOCK)
-        done = len(first)
-        if self._progress:
-            self._progress(done, self._size)
+        """The file's bytes, gunzipped when gzip (any number of members), at most READ_BLOCK at a time."""
+        raw = self._raw(f)
+        first = next(raw, b"")
         if first[:2] != b"\x1f\x8b":
-            block = first
-            while block:
-                yield block
-                block = f.read(READ_BLOCK)
-                done += len(block)
-                if self._progress:
-                    self._progress(done, self._size)
+            if first:
+                yield first
+            yield from raw
             return
         inflater = zlib.decompressobj(wbits=31)
-        block = first
+        pending = first
         try:
-            while block:
-                out = inflater.decompress(block)
-                while inflater.unused_data:  # a multi-member gzip: start the next member
-                    rest = inflater.unused_data
+            while True:
+                if not pending:
+                    pending = next(raw, b"")
+                    if not pending:
+                        break
+                if inflater.eof:  # a multi-member gzip: the next member starts here
                     inflater = zlib.decompressobj(wbits=31)
-                    out += inflater.decompress(rest)
+                out = inflater.decompress(pending, READ_BLOCK)
+                pending = inflater.unconsumed_tail or inflater.unused_data
                 if out:
                     yield out
-                block = f.read(READ_BLOCK)
-                done += len(block)
-                if self._progress:
-                    self._progress(done, self._size)
         except zlib.error as err:
             raise CorruptInput(
                 f"{self.path}: damaged gzip data ({err})", "re-copy or re-export the trace"
@@ -134,7 +141,7 @@ class TraceStream:
 
     def _find_events(self, buf: bytearray) -> int | None:
         """Offset just after the ``[`` that opens the events array, once it is in ``buf``."""
-        lead = buf.lstrip(_WS)[:1]
+        lead = bytes(buf[:4096]).lstrip(_WS)[:1]
         if lead == b"[":  # the bare-array form of the Chrome trace format
             return buf.find(b"[") + 1
         if lead and lead != b"{":
@@ -170,7 +177,7 @@ class TraceStream:
 
     def _try_decode(self, buf: bytearray, cut: int) -> T | None:
         try:
-            return self._decode(b"[" + bytes(buf[:cut]) + b"]")
+            return self._decode(_wrap(buf, cut))
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
 
@@ -197,7 +204,7 @@ class TraceStream:
             if tail is None:
                 continue
             try:
-                last = self._decode(b"[" + bytes(buf[:close]) + b"]")
+                last = self._decode(_wrap(buf, close))
             except (msgspec.DecodeError, msgspec.ValidationError) as err:
                 last_error = err
                 continue

@@ -75,6 +75,7 @@ class _LooseEvent(msgspec.Struct):
     args: Any = None
 
 
+_EMPTY_ARGS = _Args()
 _strict = msgspec.json.Decoder(list[_Event])
 _loose = msgspec.json.Decoder(list[_LooseEvent])
 
@@ -180,81 +181,74 @@ def _to_ns(us: np.ndarray) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
 
 
+_CODE = {**{c: int(k) for c, k in _DEVICE_CATS.items()}, **{c: 10 + int(k) for c, k in _HOST_CATS.items() if k >= 0}}
+"""Category -> 0..3 device kind, or 10 + host kind; anything else is skipped."""
+
+
 class _Columns:
-    """Per-kind growing lists, turned into numpy arrays once at the end."""
+    """Columns built chunk by chunk with one comprehension per field, no per-event branching.
+
+    Names and threads are interned through dicts whose insertion order is the id order.
+    """
 
     def __init__(self) -> None:
-        self.strings: list[str] = []
         self.string_ids: dict[str, int] = {}
-        self.threads: list[tuple[str, str]] = []
         self.thread_ids: dict[tuple[Any, Any], int] = {}
-        self.dev: dict[str, list[Any]] = {k: [] for k in
-                                          ("ts", "dur", "device", "stream", "kind", "name", "corr", "copy", "bytes")}
-        self.host: dict[str, list[Any]] = {k: [] for k in ("ts", "dur", "thread", "kind", "name", "corr")}
+        self.dev: dict[str, list[np.ndarray]] = {k: [] for k in
+                                                 ("ts", "dur", "device", "stream", "kind", "name", "corr", "bytes")}
+        self.host: dict[str, list[np.ndarray]] = {k: [] for k in ("ts", "dur", "thread", "kind", "name", "corr")}
         self.coll: dict[str, list[Any]] = {k: [] for k in ("host", "name", "group", "inb", "outb", "size")}
         self.foreign: set[str] = set()
         self.events = 0
+        self.hosts = 0
 
-    def intern(self, s: str) -> int:
-        i = self.string_ids.get(s)
-        if i is None:
-            i = self.string_ids[s] = len(self.strings)
-            self.strings.append(s)
-        return i
+    @property
+    def strings(self) -> list[str]:
+        return list(self.string_ids)
 
-    def thread(self, pid: Any, tid: Any) -> int:
-        key = (pid, tid)
-        i = self.thread_ids.get(key)
-        if i is None:
-            i = self.thread_ids[key] = len(self.threads)
-            self.threads.append((str(pid), str(tid)))
-        return i
+    @property
+    def threads(self) -> list[tuple[str, str]]:
+        return [(str(p), str(t)) for p, t in self.thread_ids]
 
     def add(self, events: list[_Event]) -> None:
         self.events += len(events)
-        dev, host = self.dev, self.host
-        intern = self.intern
-        for e in events:
-            cat = e.cat
-            if e.ph != "X":
-                continue
-            kind = _DEVICE_CATS.get(cat)
-            if kind is not None:
-                a = e.args or _Args()
-                name = e.name
-                if kind == DeviceOpKind.KERNEL and is_collective_kernel(name):
-                    kind = DeviceOpKind.COLLECTIVE
-                device = a.device if a.device >= 0 else (e.pid if isinstance(e.pid, int) else 0)
-                stream = a.stream
-                if not isinstance(stream, int) or stream < 0:
-                    m = _STREAM_TID.search(str(e.tid))
-                    stream = int(m.group(1)) if m else (e.tid if isinstance(e.tid, int) else 0)
-                dev["ts"].append(e.ts)
-                dev["dur"].append(e.dur)
-                dev["device"].append(device)
-                dev["stream"].append(stream)
-                dev["kind"].append(kind)
-                dev["name"].append(intern(name))
-                dev["corr"].append(a.correlation)
-                dev["copy"].append(copy_kind(name) if kind == DeviceOpKind.MEMCPY else CopyKind.NONE)
-                dev["bytes"].append(a.bytes)
-                continue
-            hkind = _HOST_CATS.get(cat)
-            if hkind is None:
-                if _FOREIGN_ACCELERATOR.match(cat):
-                    self.foreign.add(cat)
-                continue
-            if hkind < 0:
-                continue
-            a = e.args
-            host["ts"].append(e.ts)
-            host["dur"].append(e.dur)
-            host["thread"].append(self.thread(e.pid, e.tid))
-            host["kind"].append(hkind)
-            host["name"].append(intern(e.name))
-            host["corr"].append(a.correlation if (a is not None and hkind == HostKind.RUNTIME) else -1)
-            if a is not None and (e.name == "record_param_comms" or e.name.startswith("nccl:")):
-                self._collective(len(host["ts"]) - 1, e.name, a)
+        code = np.array([_CODE.get(e.cat, -1) if e.ph == "X" else -1 for e in events], dtype=np.int8)
+        if (code < 0).any():
+            self.foreign.update(c for c in {e.cat for e in events} if _FOREIGN_ACCELERATOR.match(c))
+        sid = self.string_ids
+        dev_rows = np.flatnonzero((code >= 0) & (code < 10))
+        if dev_rows.size:
+            evs = [events[i] for i in dev_rows]
+            args = [e.args or _EMPTY_ARGS for e in evs]
+            d = self.dev
+            d["ts"].append(np.array([e.ts for e in evs], dtype=np.float64))
+            d["dur"].append(np.array([e.dur for e in evs], dtype=np.float64))
+            pid = np.array([e.pid if type(e.pid) is int else 0 for e in evs], dtype=np.int64)
+            device = np.array([a.device for a in args], dtype=np.int64)
+            d["device"].append(np.where(device >= 0, device, pid))
+            d["stream"].append(np.array([a.stream if type(a.stream) is int and a.stream >= 0 else _stream_of(e)
+                                         for a, e in zip(args, evs, strict=True)], dtype=np.int64))
+            d["kind"].append(code[dev_rows])
+            d["name"].append(np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64))
+            d["corr"].append(np.array([a.correlation for a in args], dtype=np.int64))
+            d["bytes"].append(np.array([a.bytes for a in args], dtype=np.int64))
+        host_rows = np.flatnonzero(code >= 10)
+        if host_rows.size:
+            evs = [events[i] for i in host_rows]
+            h = self.host
+            tids = self.thread_ids
+            h["ts"].append(np.array([e.ts for e in evs], dtype=np.float64))
+            h["dur"].append(np.array([e.dur for e in evs], dtype=np.float64))
+            h["thread"].append(np.array([tids.setdefault((e.pid, e.tid), len(tids)) for e in evs], dtype=np.int64))
+            kind = code[host_rows] - 10
+            h["kind"].append(kind)
+            h["name"].append(np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64))
+            corr = np.array([(e.args or _EMPTY_ARGS).correlation for e in evs], dtype=np.int64)
+            h["corr"].append(np.where(kind == HostKind.RUNTIME, corr, -1))
+            for i, e in enumerate(evs):
+                if e.args is not None and (e.name == "record_param_comms" or e.name.startswith("nccl:")):
+                    self._collective(self.hosts + i, e.name, e.args)
+            self.hosts += len(evs)
 
     def _collective(self, index: int, name: str, a: _Args) -> None:
         size = dtype_bytes(a.dtype) if a.dtype else -1
@@ -270,6 +264,12 @@ class _Columns:
         c["inb"].append(inb)
         c["outb"].append(outb)
         c["size"].append(a.group_size)
+
+
+def _stream_of(e: _Event) -> int:
+    """Old traces name the stream in the tid (``"stream 7"``) rather than in args."""
+    m = _STREAM_TID.search(str(e.tid))
+    return int(m.group(1)) if m else (e.tid if type(e.tid) is int else 0)
 
 
 def _bytes_from_dims(dims_raw: bytes, types_raw: bytes) -> int:
@@ -307,8 +307,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     for chunk in stream:
         cols.add(chunk)
     header = stream.header
-    d, h = cols.dev, cols.host
-    if not d["ts"]:
+    if not cols.dev["ts"]:
         if cols.foreign:
             raise NotATrace(
                 f"{path}: a trace of a non-GPU accelerator ({', '.join(sorted(cols.foreign))} events)",
@@ -317,32 +316,37 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
         if cols.events == 0 and not header:
             raise NotATrace(f"{path}: the trace holds no events", "was the profiler started?")
         raise NoGpuActivity(
-            f"{path}: no GPU activity in this trace (CPU-only: {len(h['ts'])} host events, 0 kernels)",
+            f"{path}: no GPU activity in this trace (CPU-only: {cols.hosts} host events, 0 kernels)",
             "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] on a GPU run",
         )
-    dts = np.asarray(d["ts"], dtype=np.float64)
-    hts = np.asarray(h["ts"], dtype=np.float64)
-    t0_us = float(np.floor(min(dts.min(), hts.min() if hts.size else np.inf)))
-    dstart = _to_ns(dts - t0_us)
-    hstart = _to_ns(hts - t0_us)
-    dend = dstart + np.maximum(_to_ns(np.asarray(d["dur"], dtype=np.float64)), 0)
-    hend = hstart + np.maximum(_to_ns(np.asarray(h["dur"], dtype=np.float64)), 0)
+    d = {k: np.concatenate(v) for k, v in cols.dev.items()}
+    h = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.host.items()}
+    strings = cols.strings
+    t0_us = float(np.floor(min(d["ts"].min(), h["ts"].min() if h["ts"].size else np.inf)))
+    dstart = _to_ns(d["ts"] - t0_us)
+    hstart = _to_ns(h["ts"] - t0_us)
+    names = d["name"].astype(np.int32)
+    # per distinct name, not per event: collective kernels and copy kinds
+    collective_name = np.fromiter((is_collective_kernel(n) for n in strings), dtype=bool, count=len(strings))
+    copy_of_name = np.fromiter((copy_kind(n) for n in strings), dtype=np.int8, count=len(strings))
+    kind = d["kind"].astype(np.int8)
+    kind[(kind == DeviceOpKind.KERNEL) & collective_name[names]] = DeviceOpKind.COLLECTIVE
     device_ops = DeviceOps(
-        start=dstart, end=dend,
-        device=np.asarray(d["device"], dtype=np.int32),
-        stream=np.asarray(d["stream"], dtype=np.int32),
-        kind=np.asarray(d["kind"], dtype=np.int8),
-        name=np.asarray(d["name"], dtype=np.int32),
-        correlation=np.asarray(d["corr"], dtype=np.int64),
-        copy_kind=np.asarray(d["copy"], dtype=np.int8),
-        nbytes=np.asarray(d["bytes"], dtype=np.int64),
+        start=dstart, end=dstart + np.maximum(_to_ns(d["dur"]), 0),
+        device=d["device"].astype(np.int32),
+        stream=d["stream"].astype(np.int32),
+        kind=kind,
+        name=names,
+        correlation=d["corr"].astype(np.int64),
+        copy_kind=np.where(kind == DeviceOpKind.MEMCPY, copy_of_name[names], CopyKind.NONE).astype(np.int8),
+        nbytes=d["bytes"].astype(np.int64),
     )
     host = HostEvents(
-        start=hstart, end=hend,
-        thread=np.asarray(h["thread"], dtype=np.int32),
-        kind=np.asarray(h["kind"], dtype=np.int8),
-        name=np.asarray(h["name"], dtype=np.int32),
-        correlation=np.asarray(h["corr"], dtype=np.int64),
+        start=hstart, end=hstart + np.maximum(_to_ns(h["dur"]), 0),
+        thread=h["thread"].astype(np.int32),
+        kind=h["kind"].astype(np.int8),
+        name=h["name"].astype(np.int32),
+        correlation=h["corr"].astype(np.int64),
     )
     c = cols.coll
     collectives = CollectiveCalls(
@@ -354,8 +358,8 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     )
     meta = _meta(path, header, int(t0_us) * 1000)
     return Timeline(
-        strings=cols.strings, threads=cols.threads, device_ops=device_ops, host=host,
-        collectives=collectives, steps=_profiler_steps(cols.strings, host), meta=meta,
+        strings=strings, threads=cols.threads, device_ops=device_ops, host=host,
+        collectives=collectives, steps=_profiler_steps(strings, host), meta=meta,
     )
 
 
