@@ -99,8 +99,8 @@ def apply_straggler_wait(ra: RankAnalysis, arrivals: list[Arrival]) -> int:
     device = next(d for d in report.devices if d.device == ra.primary_device)
     total = int(moved.sum())
     _move(device.idle_by_cause_s, total / 1e9)
-    for i, step in enumerate(report.steps):
-        _move(step.idle_by_cause_s, float(moved[i]) / 1e9)
+    for step_report, ns in zip(report.steps, moved, strict=True):
+        _move(step_report.idle_by_cause_s, float(ns) / 1e9)
     return total
 
 

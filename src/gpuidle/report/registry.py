@@ -20,7 +20,7 @@ class Renderer(Protocol):
 
 
 RENDERERS: dict[str, type[Renderer]] = {
-    r.name: r for r in (TerminalRenderer, JsonRenderer, MarkdownRenderer)  # type: ignore[misc]
+    r.name: r for r in (TerminalRenderer, JsonRenderer, MarkdownRenderer)
 }
 
 

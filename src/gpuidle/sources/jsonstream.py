@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import msgspec
 
@@ -40,7 +40,7 @@ def _wrap(buf: bytearray, end: int) -> bytes:
     return b"".join((b"[", memoryview(buf)[:end], b"]"))
 
 
-class TraceStream:
+class TraceStream(Generic[T]):
     """Iterate decoded event chunks of one file; then read :attr:`header`.
 
     :param decode: turns ``b"[ev, ev, ...]"`` into the caller's chunk type and raises

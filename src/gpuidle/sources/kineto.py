@@ -18,9 +18,11 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from gpuidle.errors import NoGpuActivity, NotATrace
 from gpuidle.model import (
+    I64,
     CollectiveCalls,
     CopyKind,
     DeviceOpKind,
@@ -175,10 +177,11 @@ def is_collective_kernel(name: str) -> bool:
     return bool(_COLLECTIVE_KERNEL.search(name))
 
 
-def _to_ns(us: np.ndarray) -> np.ndarray:
+def _to_ns(us: npt.NDArray[np.float64]) -> I64:
     """µs (float, possibly fractional) to int64 ns without losing large integer parts."""
     whole = np.floor(us)
-    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
+    ns: I64 = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
+    return ns
 
 
 _CODE = {**{c: int(k) for c, k in _DEVICE_CATS.items()}, **{c: 10 + int(k) for c, k in _HOST_CATS.items() if k >= 0}}
