@@ -6,12 +6,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import DATA
-from minitrace import Trace
 
+from conftest import DATA
 from gpuidle.analysis.comm import bus_factor
 from gpuidle.api import analyze
 from gpuidle.model import AnalysisReport
+from minitrace import Trace
 
 US = 1e-6
 ALLREDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
@@ -119,3 +119,14 @@ def test_real_rank_pair(tmp_path: Path) -> None:
     # waiting moved out of communication never exceeds the collectives' exposed time
     exposed = sum(r.communication.exposed_s for r in report.ranks)
     assert 0 < job.communication.straggler_wait_s <= exposed
+
+
+def test_per_step_job_view(tmp_path: Path) -> None:
+    report = two_ranks(tmp_path, steps=3)
+    assert report.job is not None
+    steps = report.job.steps
+    assert [s.step for s in steps] == [1, 2, 3]
+    for s in steps:
+        assert s.last_rank == 1
+        assert s.lateness_s == pytest.approx(300 * US)
+        assert s.skew == pytest.approx(1.0)

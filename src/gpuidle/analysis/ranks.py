@@ -24,6 +24,7 @@ from gpuidle.model import (
     CollectiveStat,
     JobCommunication,
     JobReport,
+    JobStep,
     RankReport,
     RankRow,
     Straggler,
@@ -154,7 +155,23 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int]) -> JobReport:
             collectives=_merge_collectives(reports),
         ),
         notes=notes,
+        steps=_job_steps(reports, last_by_step),
     )
+
+
+def _job_steps(reports: list[RankReport], last_by_step: dict[int, dict[int, int]]) -> list[JobStep]:
+    durations: dict[int, list[float]] = defaultdict(list)
+    for r in reports:
+        for s in r.steps:
+            durations[s.step].append(s.dur_s)
+    out = []
+    for step, durs in sorted(durations.items()):
+        median = float(np.median(durs))
+        late = {r: ns for r, ns in last_by_step.get(step, {}).items() if ns > 0}
+        last = max(late.items(), key=lambda kv: (kv[1], -kv[0]))[0] if late else None
+        out.append(JobStep(step=step, skew=max(durs) / median if median > 0 and len(durs) > 1 else None,
+                           last_rank=last, lateness_s=late[last] / 1e9 if last is not None else 0.0))
+    return out
 
 
 def _own_step_times(r: RankReport) -> np.ndarray:

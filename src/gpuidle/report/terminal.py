@@ -10,7 +10,16 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuidle.model import CAUSES, AnalysisReport, DeviceReport, JobReport, RankReport, Recommendation
-from gpuidle.report.common import DEFAULT_OPTIONS, TARGET_UTILIZATION, RenderOptions, ms, pct, ranges, step_rows
+from gpuidle.report.common import (
+    DEFAULT_OPTIONS,
+    MANY_STEPS,
+    TARGET_UTILIZATION,
+    RenderOptions,
+    ms,
+    pct,
+    ranges,
+    step_rows,
+)
 
 CAUSE_STYLE = {
     "data_loading": "magenta", "host_sync": "red", "launch_overhead": "yellow", "cpu_compute": "cyan",
@@ -74,6 +83,14 @@ def _job(job: JobReport) -> RenderableType:
     if job.world_size:
         head += f" of {job.world_size}"
     lines.append(Text(f"{head} · step-time skew (max/median) {skew}"))
+    if job.steps and len(job.steps) <= MANY_STEPS and any(s.last_rank is not None for s in job.steps):
+        st = Table(box=None, header_style="bold", pad_edge=False)
+        for col in ("step", "skew", "last to arrive", "others waited"):
+            st.add_column(col, justify="left" if col == "step" else "right")
+        for s in job.steps:
+            st.add_row(str(s.step), "n/a" if s.skew is None else f"{s.skew:.3f}",
+                       "-" if s.last_rank is None else f"rank {s.last_rank}", ms(s.lateness_s))
+        lines.append(st)
     for s in job.stragglers:
         lines.append(Text(f"straggler: rank {s.rank} late in steps {s.steps} by {ms(s.lateness_s)} on average, "
                           f"score {s.score:.2f} — {s.why}", style="bright_red"))
