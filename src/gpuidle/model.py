@@ -310,7 +310,7 @@ class Straggler(msgspec.Struct):
     rank: int
     steps: list[int]
     lateness_s: float
-    """Mean lateness over the steps where this rank arrived last."""
+    """Mean over ``steps`` of how long the others waited for this rank (summed over a step's collectives)."""
     score: float
     """Median step time of this rank / fastest rank's median (NVRx-style)."""
     cause: str
@@ -331,6 +331,16 @@ class JobCommunication(msgspec.Struct):
     collectives: list[CollectiveStat]
 
 
+class JobStep(msgspec.Struct):
+    step: int
+    skew: float | None
+    """Max / median of this step's duration across ranks."""
+    last_rank: int | None
+    """The rank the others waited for longest in this step's collectives; None: nobody waited."""
+    lateness_s: float
+    """How long the others waited for ``last_rank`` in this step, summed over its collectives."""
+
+
 class JobReport(msgspec.Struct):
     world_size: int | None
     ranks_found: list[int]
@@ -342,6 +352,7 @@ class JobReport(msgspec.Struct):
     stragglers: list[Straggler]
     communication: JobCommunication
     notes: list[str]
+    steps: list[JobStep] = []
 
 
 class Source(msgspec.Struct):
