@@ -11,8 +11,10 @@ Each idle interval is split by what was going on at that moment, the first match
 layer winning:
 
 1. ``straggler_wait`` then ``communication``: a collective kernel is running.
-2. The launch in flight: the op that ends the gap was already launched by the host
-   (``launch_overhead``; ``memcpy`` when it is a host-to-device copy).
+2. The launch in flight: the op that ends the gap was launched during the gap (or
+   just before it, when the gap is no longer than a launch takes, 50 µs), so the rest
+   of the gap is launch latency (``launch_overhead``; ``memcpy`` when the op is a
+   host-to-device copy being staged).
 3. ``data_loading``: a host thread is inside a DataLoader ``__next__`` (or a range named
    like data loading).
 4. ``host_sync``: a feeding thread is blocked in a synchronize call, a synchronous
