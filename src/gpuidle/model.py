@@ -250,8 +250,11 @@ class KernelFacts(msgspec.Struct):
 
 
 class CollectiveStat(msgspec.Struct):
+    """One collective type, process group and message-size bucket (``unknown``: size not recorded)."""
+
     collective: str
     process_group: str
+    size_bucket: str
     count: int
     total_s: float
     bytes: int

@@ -132,26 +132,28 @@ def comm_report(tl: Timeline, window: StepWindow, devices: list[DeviceIdle], col
     comm_ns = sum(iv.total(d.comm) for d in devices)
     overlap_ns = sum(iv.total(iv.intersect(d.comm, d.busy)) for d in devices)
     exposed_ns = comm_ns - overlap_ns
-    stats: dict[tuple[str, str], list[int]] = {}
-    bw: dict[tuple[str, str], list[float]] = {}
-    hist: dict[str, int] = {}
     dur = coll.end - coll.start
-    for i, (k, g) in enumerate(zip(coll.collective, coll.process_group, strict=True)):
-        s = stats.setdefault((k, g), [0, 0, 0, 0])
-        s[0] += 1
-        s[1] += int(dur[i])
-        if coll.nbytes[i] > 0:
-            s[2] += int(coll.nbytes[i])
-            s[3] += int(dur[i])
-            hist[size_bucket(int(coll.nbytes[i]))] = hist.get(size_bucket(int(coll.nbytes[i])), 0) + 1
-            bw.setdefault((k, g), []).append(float(coll.group_size[i]))
+    buckets = [size_bucket(int(b)) if b > 0 else "unknown" for b in coll.nbytes]
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for i, key in enumerate(zip(coll.collective, coll.process_group, buckets, strict=True)):
+        groups.setdefault(key, []).append(i)
     out: list[CollectiveStat] = []
-    for (k, g), (count, total, nbytes, timed) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
-        algbw = nbytes / timed if timed else None  # bytes/ns == GB/s
-        n = int(np.median(bw[(k, g)])) if (k, g) in bw else -1
-        busbw = algbw * bus_factor(k, n) if (algbw is not None and n > 0) else None
-        out.append(CollectiveStat(collective=k, process_group=g, count=count, total_s=total / 1e9,
-                                  bytes=nbytes, algbw_gbps=algbw, busbw_gbps=busbw))
+    for (k, g, bucket), rows in groups.items():
+        idx = np.array(rows)
+        sized = idx[coll.nbytes[idx] > 0]
+        nbytes, timed = int(coll.nbytes[sized].sum()), int(dur[sized].sum())
+        algbw = nbytes / timed if timed else None  # bytes per ns is GB/s
+        n = int(np.median(coll.group_size[sized])) if sized.size else -1
+        out.append(CollectiveStat(
+            collective=k, process_group=g, size_bucket=bucket, count=idx.size, total_s=int(dur[idx].sum()) / 1e9,
+            bytes=nbytes, algbw_gbps=algbw,
+            busbw_gbps=algbw * bus_factor(k, n) if (algbw is not None and n > 0) else None,
+        ))
+    out.sort(key=lambda c: -c.total_s)
+    hist: dict[str, int] = {}
+    for b in buckets:
+        if b != "unknown":
+            hist[b] = hist.get(b, 0) + 1
     return CommReport(
         comm_s=comm_ns / 1e9,
         exposed_s=exposed_ns / 1e9,

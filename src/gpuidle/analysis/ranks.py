@@ -226,21 +226,22 @@ def _why_late(late: RankReport, others: list[RankReport]) -> tuple[str, str]:
 
 
 def _merge_collectives(reports: list[RankReport]) -> list[CollectiveStat]:
-    merged: dict[tuple[str, str], list[float]] = {}
+    """Sum counts, time and bytes of the same collective, group and size bucket over ranks."""
+    merged: dict[tuple[str, str, str], list[float]] = {}
     for r in reports:
         for c in r.communication.collectives:
-            m = merged.setdefault((c.collective, c.process_group), [0, 0.0, 0, 0.0, 0.0])
+            m = merged.setdefault((c.collective, c.process_group, c.size_bucket), [0, 0.0, 0, 0.0, 0.0])
             m[0] += c.count
             m[1] += c.total_s
             m[2] += c.bytes
             if c.algbw_gbps:
                 m[3] += c.bytes / c.algbw_gbps  # ns spent on the sized collectives
-            if c.busbw_gbps and c.algbw_gbps:
-                m[4] = c.busbw_gbps / c.algbw_gbps
+                if c.busbw_gbps:
+                    m[4] = c.busbw_gbps / c.algbw_gbps
     out = []
-    for (k, g), (count, total, nbytes, timed, factor) in sorted(merged.items(), key=lambda kv: -kv[1][1]):
+    for (k, g, b), (count, total, nbytes, timed, factor) in sorted(merged.items(), key=lambda kv: -kv[1][1]):
         algbw = nbytes / timed if timed else None
-        out.append(CollectiveStat(collective=k, process_group=g, count=int(count), total_s=total, bytes=int(nbytes),
-                                  algbw_gbps=algbw, busbw_gbps=algbw * factor if (algbw and factor) else None))
+        out.append(CollectiveStat(collective=k, process_group=g, size_bucket=b, count=int(count), total_s=total,
+                                  bytes=int(nbytes), algbw_gbps=algbw,
+                                  busbw_gbps=algbw * factor if (algbw and factor) else None))
     return out
-
