@@ -130,3 +130,18 @@ def test_per_step_job_view(tmp_path: Path) -> None:
         assert s.last_rank == 1
         assert s.lateness_s == pytest.approx(300 * US)
         assert s.skew == pytest.approx(1.0)
+
+
+def test_sixteen_rank_job_rank0_collectives() -> None:
+    (rank,) = analyze([DATA / "negative_queue_length_values_check__rank0.json.gz"]).ranks
+    assert rank.world_size == 16
+    kinds = {c.collective for c in rank.communication.collectives}
+    assert {"all_reduce", "all_gather", "all_to_all"} <= kinds  # every kernel here is ncclKernel_SendRecv
+    c = rank.communication
+    assert 0 <= c.exposed_s <= c.comm_s
+    assert c.overlap_ratio is not None
+    assert c.exposed_s == pytest.approx(c.comm_s * (1 - c.overlap_ratio), abs=1e-9)
+    for stat in c.collectives:
+        if stat.algbw_gbps is not None:
+            assert stat.bytes > 0
+            assert stat.size_bucket != "unknown"

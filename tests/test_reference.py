@@ -20,6 +20,7 @@ from gpuidle.sources import kineto
 
 GPU_TRACES = [
     "nccl_parser_config__nccl_data.json.gz",
+    "negative_queue_length_values_check__rank0.json.gz",
     "trace_filter__sampled_rank-0.json.gz",
     "trace_filter__sampled_rank-1.json.gz",
     "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz",
