@@ -157,7 +157,8 @@ def larger_batch(x: RuleInput) -> list[Recommendation]:
          "assumption": "2x batch: host time per sample halves, so half of this idle goes"},
         "batch_size = 2 * batch_size\n"
         "lr = base_lr * batch_size / base_batch_size      # linear scaling rule (SGD); sqrt scaling for Adam-type\n"
-        "# out of memory? keep the batch and accumulate: see `gpuidle cost --accumulate`",
+        "# out of memory? keep the per-GPU batch and accumulate k micro-batches per optimizer step\n"
+        "# (under model.no_sync() for all but the last one with DDP)",
         x.gain(saved), confidence="low",
     )]
 
