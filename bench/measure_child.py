@@ -1,0 +1,120 @@
+"""One measurement in a fresh process: prints one JSON line with its time and peak RSS.
+
+Run by the benchmark scripts, each call in its own interpreter, so that the peak
+RSS (``ru_maxrss``) belongs to that measurement alone. Only the standard library
+is imported up front: the HTA measurement runs in HTA's own virtual environment.
+
+    python bench/measure_child.py floor TRACE
+    python bench/measure_child.py gpuidle PATH [gpuidle analyze options...]
+    python bench/measure_child.py hta TRACE_DIR
+
+Printed: ``tool``, ``import_s`` (importing the tool), ``work_s`` (the measured work,
+imports excluded), ``maxrss`` (peak RSS of this process, bytes: ``VmHWM``, the
+high-water mark of this process's own address space; ``ru_maxrss`` is printed too but
+Linux carries it over ``exec`` from the process that forked the child, so it reads at
+least the launcher's RSS), ``children_maxrss`` (largest ``ru_maxrss`` among its
+finished child processes, bytes; 0 if none), ``base_rss`` (RSS after the imports,
+bytes), ``work_cpu_s`` (CPU time of the work in this process: less disturbed than
+``work_s`` when other jobs share the cores), plus tool-specific counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+
+
+def _status(key: str) -> int:
+    """A size from ``/proc/self/status`` in bytes (``VmRSS`` now, ``VmHWM`` peak)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _rss_now() -> int:
+    return _status("VmRSS")
+
+
+def _floor(path: str) -> tuple[float, float, dict[str, object]]:
+    """gunzip the whole file and ``orjson.loads`` it: the least any JSON reader must do."""
+    t0 = time.perf_counter()
+    import gzip
+
+    import orjson
+    t1 = time.perf_counter()
+    c1 = time.process_time()
+    base = _rss_now()
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    obj = orjson.loads(raw)
+    events = len(obj["traceEvents"])
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, {"events": events, "json_bytes": len(raw), "base_rss": base,
+                              "work_cpu_s": time.process_time() - c1}
+
+
+def _gpuidle(path: str, extra: list[str]) -> tuple[float, float, dict[str, object]]:
+    """``gpuidle analyze PATH --json``, through the command line's own entry point."""
+    t0 = time.perf_counter()
+    import gpuidle
+    from gpuidle.cli import main
+    t1 = time.perf_counter()
+    c1 = time.process_time()
+    base = _rss_now()
+    rc = main(["analyze", path, "--json", "--out", os.devnull, "--no-progress", *extra])
+    t2 = time.perf_counter()
+    if rc != 0:
+        raise SystemExit(f"gpuidle analyze exited {rc}")
+    return t1 - t0, t2 - t1, {"base_rss": base, "gpuidle_from": os.path.dirname(gpuidle.__file__),
+                              "work_cpu_s": time.process_time() - c1}
+
+
+def _hta(trace_dir: str) -> tuple[float, float, dict[str, object]]:
+    """HolisticTraceAnalysis: load the folder, temporal and idle-time breakdowns."""
+    import logging
+    t0 = time.perf_counter()
+    from hta.trace_analysis import TraceAnalysis
+    t1 = time.perf_counter()
+    logging.disable(logging.WARNING)  # HTA logs every parse step at WARNING
+    c1 = time.process_time()
+    base = _rss_now()
+    analysis = TraceAnalysis(trace_dir=trace_dir)
+    t2 = time.perf_counter()
+    temporal = analysis.get_temporal_breakdown(visualize=False)
+    idle, _ = analysis.get_idle_time_breakdown(visualize=False)
+    t3 = time.perf_counter()
+    return t1 - t0, t3 - t1, {"base_rss": base, "load_s": t2 - t1, "breakdowns_s": t3 - t2,
+                              "work_cpu_s": time.process_time() - c1,
+                              "temporal_rows": len(temporal), "idle_rows": len(idle)}
+
+
+def main(argv: list[str]) -> int:
+    tool, path, extra = argv[0], argv[1], argv[2:]
+    if tool == "floor":
+        imp, work, info = _floor(path)
+    elif tool == "gpuidle":
+        imp, work, info = _gpuidle(path, extra)
+    elif tool == "hta":
+        imp, work, info = _hta(path)
+    else:
+        raise SystemExit(f"unknown tool {tool!r}")
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = {"tool": tool, "import_s": imp, "work_s": work, "maxrss": _status("VmHWM"),
+           "ru_maxrss": me.ru_maxrss * 1024, "children_maxrss": kids.ru_maxrss * 1024,
+           "cpu_s": me.ru_utime + me.ru_stime,
+           "children_cpu_s": kids.ru_utime + kids.ru_stime, **info}
+    sys.stdout.flush()
+    print("@@" + json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
