@@ -16,7 +16,7 @@ def data() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _private_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+def private_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test records into its own ledger: never the user's data directory."""
     path = tmp_path_factory.mktemp("ledger") / "ledger.sqlite"
     monkeypatch.setenv("GPUIDLE_LEDGER", str(path))

@@ -13,12 +13,33 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+import numpy as np
+
+from gpuidle import ledger
 from gpuidle.advice.rules import rank_by_gain, recommend, straggler_recommendations
+from gpuidle.analysis import compare as comparison
+from gpuidle.analysis.idle import attribute_idle
+from gpuidle.analysis.links import launcher_rows
+from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.ranks import job_report
+from gpuidle.analysis.steps import step_window
 from gpuidle.analysis.summary import RankAnalysis, summarize_rank
 from gpuidle.errors import GpuidleError, InputNotFound
-from gpuidle.model import AnalysisReport, Recommendation, Source
+from gpuidle.model import (
+    CAUSES,
+    I64,
+    AnalysisReport,
+    Comparison,
+    DeviceTimeline,
+    IdleTimeline,
+    Recommendation,
+    Source,
+)
+from gpuidle.report import annotate
+from gpuidle.report.jsonout import load_report
 from gpuidle.sources import kineto
+from gpuidle.sources.jsonstream import TraceStream
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -145,3 +166,151 @@ def _merge_across_ranks(recs: list[Recommendation]) -> list[Recommendation]:
         if len(ranks[rid]) > 1:
             r.evidence["ranks"] = sorted(set(ranks[rid]))
     return rank_by_gain(list(best.values()))
+
+
+# ----------------------------------------------------------------------------------
+# Where the idle time lies: timelines for plots, and annotated traces
+# ----------------------------------------------------------------------------------
+
+TIMELINE_BINS = 400
+"""Slices of the window in a utilization-over-time plot: finer than a page is wide is wasted."""
+
+
+def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS) -> IdleTimeline:
+    """Re-read one trace and return every device's idle intervals with their causes.
+
+    The window, steps and causes are those of :func:`analyze` for this file on its own:
+    in a job, waiting for a slower rank stays ``communication`` here, since telling it
+    apart needs every rank.
+    """
+    tl = kineto.read(str(path))
+    names = NameClasses.of(tl.strings)
+    window = step_window(tl, names)
+    bounds = window.bounds
+    devices = []
+    for d in attribute_idle(tl, names, window, launcher_rows(tl)):
+        seg_s, seg_e, cause = d.segments
+        step_index = np.clip(np.searchsorted(bounds, seg_s, side="right") - 1, 0, bounds.size - 2)
+        edges, busy, idle = _bins(d.window, (seg_s, seg_e, cause.astype(np.int64)), bins)
+        devices.append(DeviceTimeline(
+            device=d.device, name=tl.meta.device_names.get(d.device), window=d.window,
+            seg_start=seg_s, seg_end=seg_e, seg_cause=cause.astype(np.int64),
+            seg_step=window.steps.number[step_index].astype(np.int64),
+            bin_edges=edges, bin_busy=busy, bin_idle=idle,
+        ))
+    return IdleTimeline(path=str(path), rank=tl.meta.rank if tl.meta.rank is not None else 0, t0_ns=tl.meta.t0_ns,
+                        step_numbers=window.steps.number.astype(np.int64), step_bounds=bounds, devices=devices)
+
+
+def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS) -> IdleTimeline:
+    """The timeline of the report's trace; for a job, of its lowest-utilization rank (the note says so)."""
+    if len(report.ranks) == 1:
+        return idle_timeline(report.ranks[0].path, bins)
+    worst = min(report.ranks, key=lambda r: (r.primary().utilization, r.rank))
+    tl = idle_timeline(worst.path, bins)
+    note = (f"rank {worst.rank} of {len(report.ranks)}, the lowest utilization ({worst.primary().utilization:.1%}); "
+            "waiting for a slower rank shows here as communication")
+    return IdleTimeline(path=tl.path, rank=worst.rank, t0_ns=tl.t0_ns, step_numbers=tl.step_numbers,
+                        step_bounds=tl.step_bounds, devices=tl.devices, note=note)
+
+
+def _bins(window: tuple[int, int], segments: tuple[I64, I64, I64], n: int) -> tuple[I64, np.ndarray, np.ndarray]:
+    """Busy and per-cause idle share of ``n`` equal slices of the window, exactly (no sampling)."""
+    lo, hi = window
+    n = max(1, min(n, hi - lo))
+    edges = np.rint(np.linspace(lo, hi, n + 1)).astype(np.int64)
+    width = np.diff(edges).astype(np.float64)
+    seg_s, seg_e, cause = segments
+    idle = np.zeros((n, len(CAUSES)), dtype=np.float64)
+    for c in range(len(CAUSES)):
+        mine = cause == c
+        if mine.any():
+            idle[:, c] = np.diff(_covered(seg_s[mine], seg_e[mine], edges)) / width
+    return edges, np.clip(1.0 - idle.sum(axis=1), 0.0, 1.0), idle
+
+
+def _covered(starts: I64, ends: I64, t: I64) -> I64:
+    """Length of the sorted, disjoint intervals before each time in ``t``."""
+    before = np.concatenate([[0], np.cumsum(ends - starts)])
+    k = np.searchsorted(ends, t, side="right")  # intervals over by then
+    partial = np.zeros(t.size, dtype=np.int64)
+    open_ = k < starts.size
+    partial[open_] = np.clip(t[open_] - starts[k[open_]], 0, None)
+    return before[k] + partial
+
+
+_raw_events = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | None = None) -> IdleTimeline:
+    """Write ``out``: the trace at ``path`` plus a ``gpuidle`` track of idle intervals by cause.
+
+    The input is streamed, never loaded whole, and never written; ``out`` ending in
+    ``.gz`` is gzip-compressed. Returns the timeline written.
+    """
+    src, dst = Path(path), Path(out)
+    if dst.exists() and src.exists() and dst.samefile(src):
+        raise GpuidleError(f"{dst}: the annotated trace would overwrite its input", "give another output path")
+    tl = timeline if timeline is not None else idle_timeline(src)
+    stream = TraceStream(str(src), _raw_events.decode)
+    annotate.write_annotated(dst, stream, stream.header, tl)
+    return tl
+
+
+# ----------------------------------------------------------------------------------
+# The ledger and comparisons
+# ----------------------------------------------------------------------------------
+
+
+def record_analysis(
+    report: AnalysisReport,
+    label: str | None = None,
+    notes: str | None = None,
+    batch_size: int | None = None,
+    ledger_path: str | Path | None = None,
+    kind: str = "analyze",
+) -> int:
+    """Record an analysis in the ledger (default: :func:`gpuidle.ledger.default_path`); return the run id."""
+    files: list[str] = []
+    for p in report.source.paths:
+        try:
+            files.extend(find_trace_files(p))
+        except GpuidleError:
+            files.append(p)
+    summary = comparison.summarize(report)
+    return ledger.record(kind, msgspec.json.encode(report), label, files, notes=notes,
+                         gpu_model=summary.gpu_model, gpu_count=summary.world_size, batch_size=batch_size,
+                         utilization=summary.utilization, step_s=summary.step_s, path=ledger_path)
+
+
+def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisReport, comparison.RunInfo]:
+    """A run by JSON report path, ledger id, or label (the newest run with that label)."""
+    p = Path(ref)
+    if p.is_file():
+        try:
+            report = load_report(p.read_bytes())
+        except (msgspec.DecodeError, OSError) as err:
+            raise GpuidleError(f"{p}: not a gpuidle JSON report ({err})",
+                               "give a report written by gpuidle analyze --json, a run id or a label") from None
+        return report, comparison.RunInfo(ref=str(p))
+    path = Path(ledger_path).expanduser() if ledger_path is not None else ledger.default_path()
+    if not path.exists():
+        raise GpuidleError(f"{ref!r} is neither a report file nor a recorded run (no ledger at {path} yet)",
+                           "gpuidle analyze records runs; gpuidle history lists them")
+    with ledger.Ledger(path) as book:
+        run = book.find(ref)
+    return run.analysis(), comparison.RunInfo(ref=f"run {run.id}", label=run.label, batch_size=run.batch_size,
+                                              gpu_model=run.gpu_model)
+
+
+def compare_runs(
+    before: str,
+    after: str,
+    ledger_path: str | Path | None = None,
+    price_per_gpu_hour: float | None = None,
+    steps: int | None = None,
+) -> tuple[Comparison, AnalysisReport, AnalysisReport]:
+    """Compare two runs (report paths, ledger ids or labels); also returns both reports, for renderers."""
+    a, a_info = load_run(before, ledger_path)
+    b, b_info = load_run(after, ledger_path)
+    return comparison.compare(a, b, a_info, b_info, price_per_gpu_hour, steps), a, b

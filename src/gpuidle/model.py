@@ -371,3 +371,117 @@ class AnalysisReport(msgspec.Struct, kw_only=True):
     ranks: list[RankReport]
     job: JobReport | None = None
     recommendations: list[Recommendation]
+
+
+# ----------------------------------------------------------------------------------
+# Where idle time lies (plots, annotated traces) and before/after comparisons.
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTimeline:
+    """One device's idle intervals, by cause, for plots and annotated traces. Times in ns from ``t0_ns``."""
+
+    device: int
+    name: str | None
+    window: tuple[int, int]
+    seg_start: I64
+    seg_end: I64
+    seg_cause: I64
+    """Index into :data:`CAUSES`."""
+    seg_step: I64
+    """The step number each segment lies in (segments never cross a step boundary)."""
+    bin_edges: I64
+    """Equal slices of the window, ``n + 1`` edges, for a utilization-over-time plot."""
+    bin_busy: npt.NDArray[np.float64]
+    """Busy share of each slice."""
+    bin_idle: npt.NDArray[np.float64]
+    """Idle share of each slice by cause: shape ``(n, len(CAUSES))``; a row plus its busy share is 1."""
+
+    def __len__(self) -> int:
+        return int(self.seg_start.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class IdleTimeline:
+    """The idle intervals of every device of one trace file."""
+
+    path: str
+    rank: int
+    t0_ns: int
+    """Trace clock of time zero, in ns: add it back to write the trace's own timestamps."""
+    step_numbers: I64
+    step_bounds: I64
+    """Step ``i`` is ``[step_bounds[i], step_bounds[i + 1])``; the last bound is the window end."""
+    devices: list[DeviceTimeline]
+    note: str | None = None
+    """Why this trace was chosen, when it stands for a job."""
+
+
+COMPARE_SCHEMA = "gpuidle.compare/1"
+
+
+class RunSummary(msgspec.Struct):
+    """One side of a comparison: the figures that tell whether a change helped."""
+
+    ref: str
+    """How the run was named: ``run 12``, or a report path."""
+    label: str | None
+    gpu_model: str | None
+    world_size: int
+    batch_size: int | None
+    ranks: int
+    steps: int
+    """Steps analysed, summed over ranks."""
+    utilization: float
+    """Busy / window over the primary device of every rank."""
+    step_s: float
+    """Mean step time over all ranks' steps."""
+    idle_s: float
+    """Mean idle time per step."""
+    idle_by_cause_s: dict[str, float]
+    """Mean idle time per step, by cause."""
+    recommendations: list[str]
+    """Recommendation ids, largest gain first."""
+
+
+class RecommendationChange(msgspec.Struct):
+    id: str
+    cause: str
+    title: str
+    status: str
+    """``resolved`` (before only), ``new`` (after only) or ``remaining`` (both)."""
+    gain_before_s: float | None
+    """Step time the fix would save, before; None when not recommended then."""
+    gain_after_s: float | None
+
+
+class CostDelta(msgspec.Struct):
+    """What the step-time change is worth: ``step_s * steps * GPUs * price / 3600``."""
+
+    price_per_gpu_hour: float
+    steps: int
+    """Steps priced: an epoch, a run, or 1000 by default."""
+    before: float
+    after: float
+    saved: float
+    """``before - after``; negative when the change made it dearer."""
+
+
+class Comparison(msgspec.Struct, kw_only=True):
+    schema: str = COMPARE_SCHEMA
+    before: RunSummary
+    after: RunSummary
+    comparable: bool
+    differences: list[str]
+    """Why the runs are not comparable: GPU model, world size or batch differs."""
+    notes: list[str]
+    """Differences worth knowing that do not make the numbers meaningless."""
+    utilization_delta: float
+    step_s_delta: float
+    speedup: float | None
+    """``before.step_s / after.step_s``."""
+    idle_by_cause_delta_s: dict[str, float]
+    """Per step, after minus before."""
+    recommendations: list[RecommendationChange]
+    cost: CostDelta | None = None

@@ -13,12 +13,13 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gpuidle import __version__
-from gpuidle.cli import analyze
+from gpuidle.cli import analyze, history
 from gpuidle.cli.common import Parser
 from gpuidle.errors import GpuidleError
 
 COMMANDS: list[Callable[[argparse._SubParsersAction[Parser]], None]] = [
     analyze.register,
+    history.register,
 ]
 
 

@@ -11,7 +11,10 @@ from typing import Any
 
 from gpuidle import api
 from gpuidle.cli.common import Parser, emit, positive_int, warn
+from gpuidle.cli.history import add_ledger_option, ledger_path
 from gpuidle.errors import GpuidleError
+from gpuidle.model import AnalysisReport
+from gpuidle.report import html
 from gpuidle.report.common import RenderOptions
 from gpuidle.report.registry import RENDERERS, renderer_for
 
@@ -30,6 +33,16 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
     an.add_argument("--workers", type=positive_int, default=None,
                     help="processes for a folder of ranks (default: CPU count)")
     an.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    an.add_argument("--html", metavar="FILE",
+                    help="also write a self-contained HTML report with plots (timeline, steps, ranks)")
+    an.add_argument("--annotate", metavar="OUT",
+                    help="also write the trace plus a gpuidle track of idle intervals by cause, for Perfetto UI "
+                         "or chrome://tracing (gzip if OUT ends in .gz; for a folder: the lowest-utilization rank)")
+    an.add_argument("--label", help="name this run in the ledger, e.g. 'num_workers 0->8' (for gpuidle compare)")
+    an.add_argument("--notes", help="free text stored with the run in the ledger")
+    an.add_argument("--batch-size", type=positive_int, default=None,
+                    help="batch size per GPU, stored in the ledger so compare can tell unlike runs apart")
+    add_ledger_option(an)
     an.set_defaults(func=run)
 
 
@@ -68,4 +81,28 @@ def run(args: argparse.Namespace) -> int:
     renderer = renderer_for(fmt, args.out)()
     to_tty = args.out is None and sys.stdout.isatty()
     emit(renderer.render(report, RenderOptions(top=args.top, color=to_tty)), args.out)
+    _record(args, report)
+    if args.html or args.annotate:
+        timeline = api.timeline_for(report)
+        if timeline.note:
+            print(f"gpuidle: timeline of {timeline.path}: {timeline.note}", file=sys.stderr)
+        if args.html:
+            emit(html.render_report(report, timeline, RenderOptions(top=args.top)), args.html)
+        if args.annotate:
+            api.annotate_trace(timeline.path, args.annotate, timeline)
     return 0
+
+
+def _record(args: argparse.Namespace, report: AnalysisReport) -> None:
+    """Keep the run in the ledger; a ledger problem is a warning, never a failed analysis."""
+    path = ledger_path(args)
+    if path is None:
+        return
+    try:
+        run_id = api.record_analysis(report, label=args.label, notes=args.notes, batch_size=args.batch_size,
+                                     ledger_path=path)
+    except GpuidleError as err:
+        warn(f"the run was not recorded in the ledger: {err}")
+        return
+    if sys.stderr.isatty():
+        print(f"gpuidle: recorded as run {run_id}" + (f" ({args.label})" if args.label else ""), file=sys.stderr)

@@ -1,0 +1,128 @@
+"""``gpuidle history`` and ``gpuidle compare``: the ledger of runs, and whether a change helped."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from gpuidle import api, ledger
+from gpuidle.cli.common import Parser, emit, positive_float, positive_int
+from gpuidle.report import html
+from gpuidle.report.common import RenderOptions, ms, pct
+from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for
+
+
+def add_ledger_option(p: argparse.ArgumentParser, write: bool = True) -> None:
+    """``--ledger PATH`` (and ``--no-ledger`` for commands that record), the same everywhere."""
+    p.add_argument("--ledger", metavar="PATH",
+                   help=f"the ledger file (default: ${ledger.ENV}, else {ledger.default_path()})")
+    if write:
+        p.add_argument("--no-ledger", action="store_true", help="do not record this run in the ledger")
+
+
+def ledger_path(args: argparse.Namespace) -> Path | None:
+    """Where this command records, or None with ``--no-ledger``."""
+    if getattr(args, "no_ledger", False):
+        return None
+    return Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
+
+
+def register(sub: argparse._SubParsersAction[Parser]) -> None:
+    hi = sub.add_parser("history", help="list the runs recorded in the ledger, newest first",
+                        description="Every run gpuidle analyze (and other commands) recorded, newest first.")
+    hi.add_argument("--limit", type=positive_int, default=20, help="runs to show (default 20)")
+    hi.add_argument("--kind", choices=ledger.KINDS, help="only runs of this kind")
+    hi.add_argument("--json", action="store_true", help="print the runs as JSON (without their reports)")
+    add_ledger_option(hi, write=False)
+    hi.set_defaults(func=run_history)
+
+    co = sub.add_parser("compare", help="before/after: did the change help? (runs by id, label or report file)",
+                        description="Compare two runs: utilization, step time, idle by cause, recommendations "
+                                    "resolved and new, and the cost effect when a price is given.")
+    co.add_argument("before", help="a ledger run id, a label, or a JSON report (gpuidle analyze --json)")
+    co.add_argument("after", help="the same, for the run after the change")
+    co.add_argument("--json", action="store_true", help="print the comparison as JSON (same as --format json)")
+    co.add_argument("--format", choices=sorted(COMPARE_RENDERERS), help="output format (default: terminal)")
+    co.add_argument("--out", metavar="FILE", help="write the comparison to FILE instead of stdout")
+    co.add_argument("--html", metavar="FILE", help="also write the side-by-side comparison as HTML")
+    co.add_argument("--price", type=positive_float, metavar="PER_GPU_HOUR",
+                    help="price of one GPU-hour, to show what the change saves")
+    co.add_argument("--steps", type=positive_int, metavar="N",
+                    help="steps in an epoch or a run, for the cost (default 1000)")
+    add_ledger_option(co, write=False)
+    co.set_defaults(func=run_compare)
+
+
+def _when(iso: str) -> str:
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return iso
+
+
+class _RunRow(msgspec.Struct):
+    id: int
+    kind: str
+    created: str
+    label: str | None
+    notes: str | None
+    host: str | None
+    gpu_model: str | None
+    gpu_count: int | None
+    batch_size: int | None
+    git_commit: str | None
+    git_dirty: bool | None
+    utilization: float | None
+    step_s: float | None
+    inputs: list[dict[str, object]]
+
+
+def run_history(args: argparse.Namespace) -> int:
+    path = Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
+    if not path.exists():
+        runs: list[ledger.Run] = []
+    else:
+        with ledger.Ledger(path) as book:
+            runs = book.runs(limit=args.limit, kind=args.kind)
+    if args.json:
+        rows = [_RunRow(id=r.id, kind=r.kind, created=r.created, label=r.label, notes=r.notes, host=r.host,
+                        gpu_model=r.gpu_model, gpu_count=r.gpu_count, batch_size=r.batch_size,
+                        git_commit=r.git_commit, git_dirty=r.git_dirty, utilization=r.utilization, step_s=r.step_s,
+                        inputs=[{"path": f.path, "size": f.size, "sha256": f.sha256} for f in r.inputs])
+                for r in runs]
+        emit(msgspec.json.format(msgspec.json.encode(rows).decode(), indent=2) + "\n", None)
+        return 0
+    if not runs:
+        print(f"no runs recorded in {path} yet (gpuidle analyze records one)")
+        return 0
+    console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 160)
+    t = Table(box=None, header_style="bold", pad_edge=False, title=str(path), title_justify="left",
+              title_style="bright_black")
+    for col in ("id", "when", "kind", "label", "GPUs", "util", "step", "commit", "inputs"):
+        t.add_column(col, justify="right" if col in ("id", "util", "step") else "left")
+    for r in runs:
+        gpus = f"{r.gpu_count or '?'} × {r.gpu_model}" if r.gpu_model else (str(r.gpu_count) if r.gpu_count else "")
+        commit = (r.git_commit[:10] + ("*" if r.git_dirty else "")) if r.git_commit else ""
+        t.add_row(str(r.id), _when(r.created), r.kind, r.label or "", gpus,
+                  "" if r.utilization is None else pct(r.utilization), "" if r.step_s is None else ms(r.step_s),
+                  commit, str(len(r.inputs)))
+    console.print(t)
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    path = Path(args.ledger).expanduser() if args.ledger else None
+    comparison, before, after = api.compare_runs(args.before, args.after, ledger_path=path,
+                                                 price_per_gpu_hour=args.price, steps=args.steps)
+    renderer = compare_renderer_for("json" if args.json else args.format, args.out)()
+    to_tty = args.out is None and sys.stdout.isatty()
+    emit(renderer.render(comparison, RenderOptions(color=to_tty)), args.out)
+    if args.html:
+        emit(html.render_comparison(comparison, before, after), args.html)
+    return 0

@@ -1,0 +1,385 @@
+"""The ledger: every run gpuidle measures, kept in one SQLite file, so "did it help?" has an answer.
+
+The guide's last step is "after each change, re-measure; keep a log of changes and their
+impact". The ledger is that log. Each record holds the report JSON as written, a label
+and notes, when and where it ran (host, GPU model and count, the git commit of the
+working directory and whether it had uncommitted changes), and the inputs it read with
+their size and SHA-256, so a later comparison knows exactly what was measured.
+
+Where: ``--ledger PATH``, else ``$GPUIDLE_LEDGER``, else
+``$XDG_DATA_HOME/gpuidle/ledger.sqlite`` (``~/.local/share/gpuidle/ledger.sqlite``).
+
+Safety: the file is opened in WAL mode and every write is one ``BEGIN IMMEDIATE``
+transaction, so several processes (one per node of a job) can record at once without
+corrupting it; SQLite's busy timeout makes them queue. The schema is versioned
+(``PRAGMA user_version``) and upgraded in place by :data:`MIGRATIONS`, inside a
+transaction. The file is marked as ours with ``PRAGMA application_id``: a database
+of another program, a file that is not SQLite, or a ledger written by a newer gpuidle
+is refused with a :class:`LedgerError`, never modified.
+
+Other commands record through :func:`record`::
+
+    from gpuidle import ledger
+    run_id = ledger.record("bench", result_json, label="nccl after upgrade", inputs=[])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sqlite3
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gpuidle.errors import GpuidleError
+from gpuidle.model import AnalysisReport
+
+ENV = "GPUIDLE_LEDGER"
+APPLICATION_ID = 0x67707569
+"""``PRAGMA application_id`` of a gpuidle ledger: ASCII ``gpui``."""
+BUSY_TIMEOUT_S = 30.0
+"""How long a writer waits for another process's transaction before giving up."""
+KINDS = ("analyze", "run", "monitor", "summarize", "tracker", "bench")
+"""What records are: the command that produced the report. Only ``analyze`` reports can be compared."""
+ANALYSIS_KINDS = ("analyze", "run")
+"""Kinds whose report is an :class:`~gpuidle.model.AnalysisReport` (``gpuidle.analysis/1``)."""
+
+MIGRATIONS: list[list[str]] = [
+    # 1: runs with their report, and the inputs they read
+    [
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        """CREATE TABLE runs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind TEXT NOT NULL,
+            created TEXT NOT NULL,
+            label TEXT,
+            notes TEXT,
+            host TEXT,
+            report TEXT NOT NULL
+        )""",
+        """CREATE TABLE inputs (
+            run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+            path TEXT NOT NULL,
+            size INTEGER,
+            sha256 TEXT
+        )""",
+        "CREATE INDEX inputs_run ON inputs(run_id)",
+    ],
+    # 2: what makes two runs comparable (GPU, world size, batch), the code version, headline figures
+    [
+        "ALTER TABLE runs ADD COLUMN gpu_model TEXT",
+        "ALTER TABLE runs ADD COLUMN gpu_count INTEGER",
+        "ALTER TABLE runs ADD COLUMN batch_size INTEGER",
+        "ALTER TABLE runs ADD COLUMN git_commit TEXT",
+        "ALTER TABLE runs ADD COLUMN git_dirty INTEGER",
+        "ALTER TABLE runs ADD COLUMN utilization REAL",
+        "ALTER TABLE runs ADD COLUMN step_s REAL",
+        "CREATE INDEX runs_label ON runs(label)",
+    ],
+]
+"""``MIGRATIONS[i]`` upgrades schema version ``i`` to ``i + 1``. Append only; never edit a shipped one."""
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class LedgerError(GpuidleError):
+    """The ledger cannot be opened, read or written."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    path: str
+    size: int | None
+    sha256: str | None
+    """None when the file could not be read when the run was recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One recorded run. ``report`` is the JSON exactly as recorded."""
+
+    id: int
+    kind: str
+    created: str
+    """ISO 8601, UTC."""
+    label: str | None
+    notes: str | None
+    host: str | None
+    gpu_model: str | None
+    gpu_count: int | None
+    batch_size: int | None
+    git_commit: str | None
+    git_dirty: bool | None
+    utilization: float | None
+    step_s: float | None
+    inputs: list[InputFile]
+    report: str
+
+    def analysis(self) -> AnalysisReport:
+        """The recorded report as an :class:`AnalysisReport`, for ``analyze`` and ``run`` records."""
+        if self.kind not in ANALYSIS_KINDS:
+            raise LedgerError(f"run {self.id} is a {self.kind} record, not an analysis report",
+                              "compare runs recorded by gpuidle analyze")
+        try:
+            return msgspec.json.decode(self.report, type=AnalysisReport)
+        except msgspec.DecodeError as err:
+            raise LedgerError(f"run {self.id}: the recorded report cannot be read ({err})") from None
+
+    @property
+    def name(self) -> str:
+        """How to refer to the run in a sentence."""
+        return f"run {self.id}" + (f" ({self.label})" if self.label else "")
+
+
+def default_path() -> Path:
+    """``$GPUIDLE_LEDGER``, else the user's data directory (XDG)."""
+    env = os.environ.get(ENV)
+    if env:
+        return Path(env).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "gpuidle" / "ledger.sqlite"
+
+
+_COLUMNS = ("id, kind, created, label, notes, host, gpu_model, gpu_count, batch_size, git_commit, git_dirty, "
+            "utilization, step_s, report")
+
+
+class Ledger:
+    """An open ledger. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path).expanduser() if path is not None else default_path()
+        if self.path.is_dir():
+            raise LedgerError(f"{self.path}: is a folder, not a ledger file", "give a file path to --ledger")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except (OSError, sqlite3.Error) as err:
+            raise LedgerError(f"{self.path}: cannot open the ledger ({err})") from None
+        try:
+            self._prepare()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- opening: identity, version, migrations -------------------------------------
+    def _prepare(self) -> None:
+        with self._errors("open"):
+            app_id, version, tables = self._identity()
+            self._check(app_id, version, tables)
+            if version < SCHEMA_VERSION:
+                self._migrate()
+            self._db.execute("PRAGMA foreign_keys = ON")
+            with suppress(sqlite3.OperationalError):  # another process is switching it now; WAL once set
+                self._db.execute("PRAGMA journal_mode = WAL")
+
+    def _identity(self) -> tuple[int, int, int]:
+        app_id = self._db.execute("PRAGMA application_id").fetchone()[0]
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        tables = self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        return int(app_id), int(version), int(tables)
+
+    def _check(self, app_id: int, version: int, tables: int) -> None:
+        if app_id != APPLICATION_ID and (tables or version):
+            raise LedgerError(f"{self.path}: this SQLite database is not a gpuidle ledger",
+                              "give another --ledger path; the file was left untouched")
+        if version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"{self.path}: written by a newer gpuidle (ledger schema {version}; this version reads up to "
+                f"{SCHEMA_VERSION})", "upgrade gpuidle, or use another --ledger path")
+
+    def _migrate(self) -> None:
+        """Upgrade in one transaction; re-check inside it, as another process may have just done it."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            app_id, version, tables = self._identity()
+            self._check(app_id, version, tables)
+            for step in MIGRATIONS[version:]:
+                for statement in step:
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.DatabaseError as err:
+            text = str(err)
+            if "not a database" in text or "malformed" in text or "encrypted" in text:
+                raise LedgerError(f"{self.path}: not a gpuidle ledger, or a damaged one ({text})",
+                                  "give another --ledger path; the file was left untouched") from None
+            raise LedgerError(f"{self.path}: cannot {doing} the ledger ({text})") from None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._errors("write"):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # -- writing -------------------------------------------------------------------
+    def record(
+        self,
+        kind: str,
+        report_json: bytes | str,
+        *,
+        label: str | None = None,
+        notes: str | None = None,
+        inputs: Sequence[str | Path] = (),
+        gpu_model: str | None = None,
+        gpu_count: int | None = None,
+        batch_size: int | None = None,
+        utilization: float | None = None,
+        step_s: float | None = None,
+        workdir: str | Path | None = None,
+    ) -> int:
+        """Store one run and return its id. See :func:`record`."""
+        report = report_json.decode() if isinstance(report_json, bytes) else report_json
+        files = [describe_input(p) for p in inputs]
+        commit, dirty = git_state(workdir)
+        created = datetime.now(UTC).isoformat(timespec="milliseconds")
+        with self._transaction() as db:
+            cur = db.execute(
+                "INSERT INTO runs (kind, created, label, notes, host, report, gpu_model, gpu_count, batch_size, "
+                "git_commit, git_dirty, utilization, step_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (kind, created, label, notes, socket.gethostname(), report, gpu_model, gpu_count, batch_size,
+                 commit, None if dirty is None else int(dirty), utilization, step_s),
+            )
+            run_id = int(cur.lastrowid or 0)
+            db.executemany("INSERT INTO inputs (run_id, path, size, sha256) VALUES (?, ?, ?, ?)",
+                           [(run_id, f.path, f.size, f.sha256) for f in files])
+        return run_id
+
+    # -- reading -------------------------------------------------------------------
+    def runs(self, limit: int | None = None, kind: str | None = None) -> list[Run]:
+        """Recorded runs, newest first."""
+        where, params = ("WHERE kind = ?", [kind]) if kind else ("", [])
+        sql = f"SELECT {_COLUMNS} FROM runs {where} ORDER BY id DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        with self._errors("read"):
+            rows = self._db.execute(sql, params).fetchall()
+            return [self._run(row) for row in rows]
+
+    def get(self, run_id: int) -> Run | None:
+        with self._errors("read"):
+            row = self._db.execute(f"SELECT {_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+            return None if row is None else self._run(row)
+
+    def find(self, ref: str) -> Run:
+        """A run by id (``12``) or label (the newest run with that label)."""
+        run: Run | None = None
+        if ref.isdigit():
+            run = self.get(int(ref))
+        if run is None:
+            with self._errors("read"):
+                row = self._db.execute(f"SELECT {_COLUMNS} FROM runs WHERE label = ? ORDER BY id DESC LIMIT 1",
+                                       (ref,)).fetchone()
+            run = None if row is None else self._run(row)
+        if run is None:
+            raise LedgerError(f"no run {ref!r} in {self.path}", "gpuidle history lists ids and labels")
+        return run
+
+    def _run(self, row: tuple[Any, ...]) -> Run:
+        (rid, kind, created, label, notes, host, gpu_model, gpu_count, batch, commit, dirty, util, step_s,
+         report) = row
+        inputs = [InputFile(str(p), s if isinstance(s, int) else None, h if isinstance(h, str) else None)
+                  for p, s, h in self._db.execute("SELECT path, size, sha256 FROM inputs WHERE run_id = ? "
+                                                  "ORDER BY rowid", (rid,))]
+        return Run(
+            id=int(rid), kind=str(kind), created=str(created), label=_opt(label), notes=_opt(notes),
+            host=_opt(host), gpu_model=_opt(gpu_model), gpu_count=gpu_count if isinstance(gpu_count, int) else None,
+            batch_size=batch if isinstance(batch, int) else None, git_commit=_opt(commit),
+            git_dirty=None if dirty is None else bool(dirty),
+            utilization=float(util) if isinstance(util, int | float) else None,
+            step_s=float(step_s) if isinstance(step_s, int | float) else None,
+            inputs=inputs, report=str(report),
+        )
+
+
+def _opt(v: object) -> str | None:
+    return None if v is None else str(v)
+
+
+def record(
+    kind: str,
+    report_json: bytes | str,
+    label: str | None = None,
+    inputs: Sequence[str | Path] = (),
+    *,
+    notes: str | None = None,
+    gpu_model: str | None = None,
+    gpu_count: int | None = None,
+    batch_size: int | None = None,
+    utilization: float | None = None,
+    step_s: float | None = None,
+    path: str | Path | None = None,
+) -> int:
+    """Record one run in the ledger at ``path`` (default: :func:`default_path`); return its id.
+
+    :param kind: the command that measured it, one of :data:`KINDS`.
+    :param report_json: the report as its command prints it with ``--json``.
+    :param inputs: files read; each is stored with its size and SHA-256.
+    :raises LedgerError: the ledger cannot be opened or written. Callers that record
+        as a side effect should turn this into a warning, not a failure.
+    """
+    with Ledger(path) as book:
+        return book.record(kind, report_json, label=label, notes=notes, inputs=inputs, gpu_model=gpu_model,
+                           gpu_count=gpu_count, batch_size=batch_size, utilization=utilization, step_s=step_s)
+
+
+def describe_input(path: str | Path) -> InputFile:
+    """Size and SHA-256 of a file, read in blocks; None for both if it cannot be read."""
+    p = Path(path)
+    try:
+        digest = hashlib.sha256()
+        with open(p, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        return InputFile(str(p.resolve()), p.stat().st_size, digest.hexdigest())
+    except OSError:
+        return InputFile(str(p), None, None)
+
+
+def git_state(workdir: str | Path | None = None) -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` of the git working tree around ``workdir`` (default: the current directory).
+
+    ``(None, None)`` outside a repository or without git. Untracked files do not count as dirty.
+    """
+    cwd = str(workdir) if workdir is not None else os.getcwd()
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              timeout=10, check=False)
+        if head.returncode != 0:
+            return None, None
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return head.stdout.strip() or None, dirty
