@@ -6,7 +6,13 @@ gigabytes per second, ``_usd`` money in the user's currency).
 
 from __future__ import annotations
 
+import msgspec
+
 from gpuidle.errors import GpuidleError
+from gpuidle.model import AnalysisReport
+
+TARGET_UTILIZATION = 0.9
+"""The guide's goal: over 90 % utilization."""
 
 
 def utilization_after(busy_s: float, window_s: float, idle_removed_s: float, busy_removed_s: float = 0.0) -> float:
@@ -46,6 +52,8 @@ def scaled_lr(lr: float, batch_old: int, batch_new: int, rule: str = "linear") -
     """Learning rate for a new batch size: linear ``lr * B_new / B_old``, or ``sqrt`` of that ratio."""
     if batch_old <= 0 or batch_new <= 0:
         raise GpuidleError("batch sizes must be positive")
+    if rule not in ("linear", "sqrt"):
+        raise GpuidleError(f"unknown scaling rule {rule!r}", "choose linear or sqrt")
     ratio = batch_new / batch_old
     return lr * (ratio if rule == "linear" else ratio ** 0.5)
 
@@ -60,3 +68,188 @@ def accumulation_steps(target_batch: int, micro_batch: int, world_size: int = 1)
 def _check_utilization(u: float) -> None:
     if not 0.0 <= u <= 1.0:
         raise GpuidleError(f"utilization {u} is outside 0..1", "give a fraction, e.g. 0.55 for 55 %")
+
+
+# ----------------------------------------------------------------------------------
+# Results that show their work: ``gpuidle cost`` and the cost lines of reports.
+# ----------------------------------------------------------------------------------
+
+MONEY = "money"
+"""The unit of prices and costs: whatever currency the price was given in."""
+
+
+class CalcLine(msgspec.Struct):
+    """One result with its formula, the formula with the numbers in, and how it was rounded for display."""
+
+    name: str
+    value: float
+    """Exact; only ``shown`` is rounded."""
+    unit: str
+    formula: str
+    worked: str
+    rounding: str
+    shown: str
+
+
+class CostResult(msgspec.Struct, kw_only=True):
+    """What idle GPUs cost, and what a target utilization would save. Savings are never negative."""
+
+    gpus: int
+    hours: float
+    utilization: float
+    price_per_gpu_hour: float | None
+    target: float | None
+    gpu_hours: float
+    wasted_gpu_hours: float
+    wasted_usd: float | None
+    hours_at_target: float | None
+    hours_saved: float | None
+    gpu_hours_saved: float | None
+    usd_saved: float | None
+    lines: list[CalcLine]
+    notes: list[str] = []
+
+
+class CalcReport(msgspec.Struct, kw_only=True):
+    """``gpuidle cost``: the cost, and any of the other formulas asked for."""
+
+    schema: str = "gpuidle.cost/1"
+    cost: CostResult | None = None
+    lines: list[CalcLine] = []
+    notes: list[str] = []
+
+
+def _num(x: float) -> str:
+    """Numbers inside a worked formula: 6 significant digits (whole numbers above a million)."""
+    return f"{x:.0f}" if abs(x) >= 1e6 else f"{x:.6g}"
+
+
+def _hours(name: str, value: float, formula: str, worked: str, unit: str = "h") -> CalcLine:
+    return CalcLine(name, value, unit, formula, f"{worked} = {_num(value)}", "shown to 0.1", f"{value:,.1f} {unit}")
+
+
+def _money(name: str, value: float, formula: str, worked: str) -> CalcLine:
+    return CalcLine(name, value, MONEY, formula, f"{worked} = {_num(value)}", "shown to 0.01", f"{value:,.2f}")
+
+
+def wasted_usd(gpus: int, hours: float, utilization: float, price_per_gpu_hour: float) -> float:
+    """``GPUs * hours * (1 - utilization) * price``."""
+    if price_per_gpu_hour < 0:
+        raise GpuidleError(f"price {price_per_gpu_hour} is negative")
+    return wasted_gpu_hours(gpus, hours, utilization) * price_per_gpu_hour
+
+
+def cost(gpus: int, hours: float, utilization: float, price_per_gpu_hour: float | None = None,
+         target: float | None = None) -> CostResult:
+    """GPU-hours and money lost to idle time, and what reaching ``target`` utilization saves.
+
+    Same work at a higher utilization takes ``hours * utilization / target``; a target at or
+    below the current utilization saves exactly zero. Utilization 0 with a target is an error:
+    no work was done, so there is no "same work" to time.
+    """
+    if gpus < 1:
+        raise GpuidleError(f"--gpus {gpus}: need at least one GPU")
+    if not hours > 0:
+        raise GpuidleError(f"--hours {hours}: must be above 0")
+    _check_utilization(utilization)
+    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+        raise GpuidleError(f"--price-per-gpu-hour {price_per_gpu_hour} is negative")
+    if target is not None:
+        _check_utilization(target)
+        if target == 0:
+            raise GpuidleError("a target utilization of 0 is no target", "give e.g. --target 0.9")
+        if utilization == 0:
+            raise GpuidleError("utilization 0: the GPUs did no work, so the time for the same work at a target "
+                               "is undefined", "give the measured utilization (gpuidle analyze reports it)")
+    g, h, u = gpus, float(hours), float(utilization)
+    lines = [
+        _hours("gpu_hours", g * h, "GPUs × hours", f"{g} × {_num(h)}", "GPU-h"),
+        _hours("wasted_gpu_hours", wasted_gpu_hours(g, h, u), "GPUs × hours × (1 − utilization)",
+               f"{g} × {_num(h)} × (1 − {_num(u)})", "GPU-h"),
+    ]
+    notes: list[str] = []
+    money = None
+    if price_per_gpu_hour is not None:
+        p = price_per_gpu_hour
+        money = wasted_usd(g, h, u, p)
+        lines.append(_money("wasted_money", money, "GPUs × hours × (1 − utilization) × price",
+                            f"{g} × {_num(h)} × (1 − {_num(u)}) × {_num(p)}"))
+    at = saved = gh_saved = money_saved = None
+    if target is not None:
+        at = hours_at_target(h, u, target)
+        saved = h - at
+        gh_saved = g * saved
+        if target <= u:
+            notes.append(f"target {target:.1%} is at or below the current {u:.1%}: nothing to save")
+            lines.append(_hours("hours_at_target", at, "hours (target ≤ utilization: unchanged)", _num(h)))
+        else:
+            lines.append(_hours("hours_at_target", at, "hours × utilization / target",
+                                f"{_num(h)} × {_num(u)} / {_num(target)}"))
+        lines.append(_hours("hours_saved", saved, "hours − hours_at_target", f"{_num(h)} − {_num(at)}"))
+        lines.append(_hours("gpu_hours_saved", gh_saved, "GPUs × hours_saved", f"{g} × {_num(saved)}", "GPU-h"))
+        if price_per_gpu_hour is not None:
+            money_saved = gh_saved * price_per_gpu_hour
+            lines.append(_money("money_saved", money_saved, "GPUs × hours_saved × price",
+                                f"{g} × {_num(saved)} × {_num(price_per_gpu_hour)}"))
+    return CostResult(gpus=g, hours=h, utilization=u, price_per_gpu_hour=price_per_gpu_hour, target=target,
+                      gpu_hours=g * h, wasted_gpu_hours=wasted_gpu_hours(g, h, u), wasted_usd=money,
+                      hours_at_target=at, hours_saved=saved, gpu_hours_saved=gh_saved, usd_saved=money_saved,
+                      lines=lines, notes=notes)
+
+
+def lr_lines(lr: float, batch_old: int, batch_new: int) -> list[CalcLine]:
+    """Both rules for a batch change: linear (SGD), square root (adaptive optimizers: Adam, LAMB)."""
+    if not lr > 0:
+        raise GpuidleError(f"learning rate {lr} must be above 0")
+    out = []
+    for rule, formula, note in (("linear", "lr × B_new / B_old", "SGD with momentum (Goyal et al., 2017)"),
+                                ("sqrt", "lr × √(B_new / B_old)", "adaptive optimizers: Adam, AdamW, LAMB")):
+        v = scaled_lr(lr, batch_old, batch_new, rule)
+        worked = (f"{_num(lr)} × {batch_new} / {batch_old}" if rule == "linear"
+                  else f"{_num(lr)} × √({batch_new} / {batch_old})")
+        out.append(CalcLine(f"lr_{rule}", v, "", f"{formula} — {note}", f"{worked} = {_num(v)}",
+                            "shown to 4 significant digits", f"{v:.4g}"))
+    return out
+
+
+def accumulation_line(target_batch: int, micro_batch: int, world_size: int = 1) -> CalcLine:
+    """Accumulation steps, rounded up; the effective batch that results is stated, since it can exceed the target."""
+    steps = accumulation_steps(target_batch, micro_batch, world_size)
+    effective = steps * micro_batch * world_size
+    return CalcLine("accumulation_steps", float(steps), "steps", "⌈target batch / (micro-batch × world size)⌉",
+                    f"⌈{target_batch} / ({micro_batch} × {world_size})⌉ = {steps}",
+                    f"rounded up to a whole step: effective batch {effective}", str(steps))
+
+
+def busbw_line(collective: str, n: int, algbw_gbps: float) -> CalcLine:
+    """busbw from algbw with nccl-tests' factor for ``collective`` over ``n`` ranks."""
+    from gpuidle.analysis.comm import bus_factor
+
+    if n < 1 or algbw_gbps < 0:
+        raise GpuidleError("ranks must be at least 1 and algbw not negative")
+    factor = bus_factor(collective, n)
+    formulas = {"all_reduce": "algbw × 2(n − 1)/n", "all_gather": "algbw × (n − 1)/n",
+                "reduce_scatter": "algbw × (n − 1)/n", "all_to_all": "algbw × (n − 1)/n",
+                "broadcast": "algbw × 1", "reduce": "algbw × 1"}
+    if collective not in formulas:
+        raise GpuidleError(f"unknown collective {collective!r}", f"choose one of {', '.join(formulas)}")
+    v = busbw(algbw_gbps, factor)
+    return CalcLine(f"busbw_{collective}", v, "GB/s", formulas[collective],
+                    f"{_num(algbw_gbps)} × {_num(factor)} (n = {n}) = {_num(v)}", "shown to 0.01", f"{v:,.2f} GB/s")
+
+
+def cost_from_report(report: AnalysisReport, price_per_gpu_hour: float | None = None, hours: float = 1.0,
+                     target: float | None = TARGET_UTILIZATION, gpus: int | None = None) -> CostResult:
+    """The cost of a traced job per ``hours`` of training.
+
+    Utilization is the mean over ranks of each rank's training device; GPUs are the job's
+    world size, else the ranks in the report (one GPU each).
+    """
+    if not report.ranks:
+        raise GpuidleError("the report has no ranks")
+    u = sum(r.primary().utilization for r in report.ranks) / len(report.ranks)
+    n = gpus or (report.job.world_size if report.job and report.job.world_size else None) \
+        or max((r.world_size or 0) for r in report.ranks) or len(report.ranks)
+    result = cost(n, hours, min(max(u, 0.0), 1.0), price_per_gpu_hour, target if target and u > 0 else None)
+    return msgspec.structs.replace(result, notes=[
+        *result.notes, f"utilization {u:.1%}: mean over {len(report.ranks)} traced rank(s); {n} GPU(s)"])
