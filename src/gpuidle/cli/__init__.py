@@ -13,13 +13,14 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gpuidle import __version__
-from gpuidle.cli import analyze, history
+from gpuidle.cli import analyze, history, probe
 from gpuidle.cli.common import Parser
 from gpuidle.errors import GpuidleError
 
 COMMANDS: list[Callable[[argparse._SubParsersAction[Parser]], None]] = [
     analyze.register,
     history.register,
+    probe.register,
 ]
 
 
