@@ -1,0 +1,164 @@
+"""``bench storage`` on a generated dataset folder: many small files and two large ones."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuidle.bench import storage
+from gpuidle.cli import main
+from gpuidle.errors import GpuidleError, InputNotFound
+from gpuidle.report.bench import render
+
+SMALL, SMALL_BYTES = 1200, 1024
+BIG, BIG_BYTES = 2, 4 << 20
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("imagenet")
+    for shard in range(3):
+        (root / f"class{shard}").mkdir()
+    for i in range(SMALL):
+        (root / f"class{i % 3}" / f"{i:05d}.jpg").write_bytes(os.urandom(SMALL_BYTES))
+    (root / "big").mkdir()
+    for i in range(BIG):
+        (root / "big" / f"part{i}.bin").write_bytes(os.urandom(BIG_BYTES))
+    (root / "empty.txt").write_bytes(b"")
+    return root
+
+
+@pytest.fixture(scope="module")
+def result(dataset: Path) -> storage.StorageResult:
+    return storage.bench_storage(dataset, budget_s=1.0)
+
+
+def test_listing(result: storage.StorageResult) -> None:
+    ls = result.listing
+    assert result.schema == "gpuidle.bench.storage/1"
+    assert ls.files == SMALL + BIG  # the empty file is left out
+    assert ls.complete
+    assert ls.total_bytes == SMALL * SMALL_BYTES + BIG * BIG_BYTES
+    assert ls.median_bytes == SMALL_BYTES
+    assert ls.largest_bytes == BIG_BYTES
+
+
+def test_three_phases_with_consistent_figures(result: storage.StorageResult) -> None:
+    by = {p.name: p for p in result.phases}
+    assert set(by) == {"files", "sequential", "random"}
+    for p in result.phases:
+        assert p.bytes > 0
+        assert p.reads > 0
+        assert p.seconds > 0
+        assert p.mb_per_s == pytest.approx(p.bytes / p.seconds / 1e6)
+    assert by["files"].files_per_s == pytest.approx(by["files"].files / by["files"].seconds)
+    assert by["random"].iops == pytest.approx(by["random"].reads / by["random"].seconds)
+    assert by["random"].block_bytes == 64 << 10
+    assert by["sequential"].block_bytes == 4 << 20
+
+
+def test_many_small_files_get_the_sharding_advice(result: storage.StorageResult) -> None:
+    assert len(result.advice) == 1
+    assert "WebDataset" in result.advice[0]
+    assert "TFRecord" in result.advice[0]
+    assert "1,202 files with a median of 1 KiB" in result.advice[0]
+
+
+def test_freshly_written_files_are_called_optimistic(result: storage.StorageResult) -> None:
+    # the files were just written: their pages are in the page cache
+    assert result.cached_share is not None
+    assert result.cached_share > 0.5
+    assert any("page cache" in n and "optimistic" in n for n in result.notes)
+    assert any("fits in RAM" in n for n in result.notes)
+
+
+def test_drop_cache_evicts_what_the_kernel_lets_go(dataset: Path) -> None:
+    for f in (dataset / "big").iterdir():  # written back, so clean pages the kernel may drop
+        fd = os.open(f, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    warm = storage.bench_storage(dataset / "big", budget_s=0.3)
+    cold = storage.bench_storage(dataset / "big", budget_s=0.3, drop_cache=True)
+    assert cold.drop_cache
+    seq_warm = next(p for p in warm.phases if p.name == "sequential")
+    seq_cold = next(p for p in cold.phases if p.name == "sequential")
+    assert seq_warm.cached_share == 1.0
+    if _fs_type(dataset) in ("tmpfs", "ramfs", None):
+        pytest.skip("a memory filesystem keeps every page: nothing to evict")
+    assert seq_cold.cached_share is not None
+    assert seq_cold.cached_share < 0.5
+
+
+def _fs_type(path: Path) -> str | None:
+    """The filesystem holding ``path``, from /proc/mounts (longest mount point that contains it)."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    real = str(path.resolve())
+    best = max((m for m in mounts if real == m[0] or real.startswith(m[0].rstrip("/") + "/")),
+               key=lambda m: len(m[0]), default=None)
+    return best[1] if best else None
+
+
+def test_few_large_files_need_no_shards(dataset: Path) -> None:
+    r = storage.bench_storage(dataset / "big", budget_s=0.3)
+    assert r.listing.files == BIG
+    assert r.advice == []
+
+
+def test_advice_rule_by_hand() -> None:
+    listing = storage.Listing(files=5000, complete=True, total_bytes=5000 * 100_000, median_bytes=100_000,
+                              mean_bytes=100_000.0, largest_bytes=200_000)
+    advice, notes = storage.storage_advice(listing, [], 0.1, 64 << 30, drop=False, complete=True)
+    assert len(advice) == 1
+    assert "5,000 files" in advice[0]
+    assert not any("optimistic" in n for n in notes)
+    big = storage.Listing(files=5000, complete=True, total_bytes=100 << 30, median_bytes=20 << 20,
+                          mean_bytes=float(20 << 20), largest_bytes=30 << 20)
+    advice, notes = storage.storage_advice(big, [], None, 64 << 30, drop=False, complete=True)
+    assert advice == []
+    assert any("does not fit" in n for n in notes)
+    assert any("unknown" in n for n in notes)
+
+
+def test_a_single_file(dataset: Path) -> None:
+    r = storage.bench_storage(dataset / "big" / "part0.bin", budget_s=0.3)
+    assert r.listing.files == 1
+
+
+def test_bad_paths(tmp_path: Path) -> None:
+    with pytest.raises(InputNotFound, match="no such file"):
+        storage.bench_storage(tmp_path / "missing")
+    (tmp_path / "e").mkdir()
+    with pytest.raises(InputNotFound, match="no non-empty files"):
+        storage.bench_storage(tmp_path / "e")
+    with pytest.raises(GpuidleError, match="positive"):
+        storage.bench_storage(tmp_path, budget_s=0)
+
+
+def test_inputs_are_only_read(dataset: Path) -> None:
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in (dataset / "class0").iterdir()}
+    storage.bench_storage(dataset / "class0", budget_s=0.2)
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in (dataset / "class0").iterdir()} == before
+
+
+def test_cli(dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "storage", str(dataset), "--budget-s", "0.5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schema"] == "gpuidle.bench.storage/1"
+    assert main(["bench", "storage", str(dataset / "big"), "--budget-s", "0.3"]) == 0
+    text = capsys.readouterr().out
+    assert "sequential" in text
+    assert "from cache" in text
+    assert main(["bench", "storage", str(dataset / "nope")]) == 2
+    assert capsys.readouterr().err.startswith("gpuidle: error: ")
+
+
+def test_render(result: storage.StorageResult) -> None:
+    text = render(result)
+    assert "advice:" in text
+    assert "files/s" in text
