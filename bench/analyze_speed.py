@@ -4,7 +4,8 @@ For each size, a real trace is scaled to about that many MiB of decompressed JSO
 (``scale_trace.py``), then three measurements run side by side, each in a fresh
 process, ``--repeat`` times in turn:
 
-- floor: gunzip + ``orjson.loads`` of the whole file, the least a JSON reader does;
+- floor: gunzip + ``orjson.loads`` of the whole file, the least a JSON reader does
+  (garbage collector off; ``--tools ...,floor_gc`` adds the same with it on);
 - gpuidle: ``gpuidle analyze FILE --json``;
 - hta: HolisticTraceAnalysis (``TraceAnalysis`` load + ``get_temporal_breakdown`` +
   ``get_idle_time_breakdown``), from its own virtual environment ``bench/.venv-hta``.
@@ -50,6 +51,7 @@ from benchlib import (
 from scale_trace import copy_bytes, load, scale_trace
 
 TOOLS = ("floor", "gpuidle", "hta")
+OPTIONAL = ("floor_gc",)
 LARGE = 512 * MIB
 """Sizes from here on are measured ``--repeat-large`` times (default once)."""
 
@@ -59,7 +61,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="the real trace to scale")
     p.add_argument("--sizes", default="10,100", help="decompressed sizes in MiB, comma-separated")
     p.add_argument("--full", action="store_true", help="add the 1 GiB size")
-    p.add_argument("--tools", default=",".join(TOOLS), help="which of floor,gpuidle,hta to run")
+    p.add_argument("--tools", default=",".join(TOOLS),
+                   help=f"which of {','.join(TOOLS + OPTIONAL)} to run (floor_gc: the floor with the "
+                   "garbage collector on)")
     p.add_argument("--repeat", type=int, default=3, help="runs per tool and size below 512 MiB")
     p.add_argument("--repeat-large", type=int, default=1, help="runs per tool and size from 512 MiB")
     p.add_argument("--hta-max-mib", type=float, default=math.inf, help="skip HTA above this size")
@@ -95,8 +99,8 @@ def _generate(args: argparse.Namespace, size_mib: float, source: dict[str, Any],
 
 def _measure(tool: str, trace: dict[str, Any], args: argparse.Namespace) -> Run:
     limits = {"timeout_s": args.timeout, "mem_limit": int(args.mem_limit_gib * (1 << 30))}
-    if tool == "floor":
-        return run_child("floor", [trace["path"]], **limits)
+    if tool in ("floor", "floor_gc"):
+        return run_child(tool, [trace["path"]], **limits)
     if tool == "gpuidle":
         return run_child("gpuidle", [trace["path"]], src=args.src, **limits)
     folder = Path(trace["path"] + ".hta")
@@ -225,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.install_hta:
         install_hta()
     tools = [t for t in args.tools.split(",") if t]
+    unknown = set(tools) - set(TOOLS + OPTIONAL)
+    if unknown:
+        print(f"unknown tools: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     if "hta" in tools and not hta_available():
         print(f"HTA is not installed ({HTA_PY}); run with --install-hta, or --tools floor,gpuidle",
               file=sys.stderr)

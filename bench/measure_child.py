@@ -4,7 +4,7 @@ Run by the benchmark scripts, each call in its own interpreter, so that the peak
 RSS (``ru_maxrss``) belongs to that measurement alone. Only the standard library
 is imported up front: the HTA measurement runs in HTA's own virtual environment.
 
-    python bench/measure_child.py floor TRACE
+    python bench/measure_child.py floor TRACE         # floor_gc: the same, garbage collector on
     python bench/measure_child.py gpuidle PATH [gpuidle analyze options...]
     python bench/measure_child.py hta TRACE_DIR
 
@@ -40,9 +40,15 @@ def _rss_now() -> int:
     return _status("VmRSS")
 
 
-def _floor(path: str) -> tuple[float, float, dict[str, object]]:
-    """gunzip the whole file and ``orjson.loads`` it: the least any JSON reader must do."""
+def _floor(path: str, collect: bool = False) -> tuple[float, float, dict[str, object]]:
+    """gunzip the whole file and ``orjson.loads`` it: the least any JSON reader must do.
+
+    Python's cyclic garbage collector is off unless ``collect``: with it on, the millions of
+    dicts ``loads`` creates set off full collections whose cost grows faster than the
+    file (more than half the time at 100 MiB), which is no part of a lower bound.
+    """
     t0 = time.perf_counter()
+    import gc
     import gzip
 
     import orjson
@@ -53,6 +59,8 @@ def _floor(path: str) -> tuple[float, float, dict[str, object]]:
         raw = f.read()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
+    if not collect:
+        gc.disable()
     obj = orjson.loads(raw)
     events = len(obj["traceEvents"])
     t2 = time.perf_counter()
@@ -99,6 +107,8 @@ def main(argv: list[str]) -> int:
     tool, path, extra = argv[0], argv[1], argv[2:]
     if tool == "floor":
         imp, work, info = _floor(path)
+    elif tool == "floor_gc":
+        imp, work, info = _floor(path, collect=True)
     elif tool == "gpuidle":
         imp, work, info = _gpuidle(path, extra)
     elif tool == "hta":
