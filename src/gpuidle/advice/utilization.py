@@ -1,0 +1,236 @@
+"""Rules for device counters: utilization findings in, ranked recommendations out.
+
+The counterpart of :mod:`gpuidle.advice.rules` for ``gpuidle run``/``monitor``/``summarize``.
+Counters cannot see inside a step, so gains here are upper bounds from the idle time a
+finding accounts for, and the confidence says so. ``step_s_saved`` needs the step rate
+(``--steps-per-s``); without it it is 0 and the evidence says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuidle.advice import calc
+from gpuidle.advice.rules import rank_by_gain
+from gpuidle.analysis.utilization import UtilAnalysis
+from gpuidle.model import Cause, Gain, Recommendation, UtilFinding, UtilizationReport, UtilSeries, UtilSource
+
+COMPUTE = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class UtilRuleInput:
+    analysis: UtilAnalysis
+    steps_per_s: float | None
+
+    @property
+    def window_s(self) -> float:
+        return self.analysis.window.dur_s
+
+    @property
+    def mean_util(self) -> float:
+        devs = self.analysis.devices
+        return sum(d.mean_util_pct for d in devs) / len(devs) / 100 if devs else 0.0
+
+    def find(self, kind: str) -> list[UtilFinding]:
+        return [f for f in self.analysis.findings if f.kind == kind]
+
+    def gain(self, idle_removed_s: float) -> Gain:
+        """Utilization once ``idle_removed_s`` of GPU idle is gone from the window (per average device)."""
+        w = self.window_s
+        after = calc.utilization_after(self.mean_util * w, w, min(idle_removed_s, w * (1 - self.mean_util))) \
+            if w > 0 else self.mean_util
+        steps = w * self.steps_per_s if self.steps_per_s else 0.0
+        return Gain(step_s_saved=idle_removed_s / steps if steps else 0.0, utilization_after=after)
+
+    def evidence(self, f: UtilFinding) -> dict[str, object]:
+        ev: dict[str, object] = {"finding": f.summary, **f.evidence}
+        if f.device is not None:
+            ev.setdefault("device", f.device)
+        if not self.steps_per_s:
+            ev["step_s_saved"] = "unknown: pass --steps-per-s for a per-step gain"
+        return ev
+
+
+UtilRule = Callable[[UtilRuleInput], list[Recommendation]]
+EXPLAINED = ("input_bound", "waiting_comm_or_io", "periodic_drops")
+"""Findings whose idle time a larger batch would not remove."""
+
+
+def input_pipeline(x: UtilRuleInput) -> list[Recommendation]:
+    return [Recommendation(
+        id="input_pipeline_cpu", cause=Cause.DATA_LOADING.value,
+        title="GPUs wait while every CPU core is busy: make each sample cheaper to prepare",
+        evidence=x.evidence(f),
+        fix="# the cores are saturated, so more DataLoader workers will not help; cut CPU work per sample:\n"
+            "#  - decode and augment on the GPU (torchvision.transforms.v2 on CUDA tensors, or NVIDIA DALI)\n"
+            "#  - preprocess once, offline (resized, tokenized, packed shards), not at every epoch\n"
+            "#  - keep workers from oversubscribing cores: torch.set_num_threads(1) in worker_init_fn\n"
+            "loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=os.cpu_count() // gpus,\n"
+            "                                     pin_memory=True, persistent_workers=True, prefetch_factor=4)",
+        gain=x.gain(f.seconds), confidence="medium",
+    ) for f in x.find("input_bound")]
+
+
+def comm_or_io(x: UtilRuleInput) -> list[Recommendation]:
+    out = []
+    for f in x.find("waiting_comm_or_io"):
+        if f.evidence.get("storage_io"):
+            out.append(Recommendation(
+                id="storage_io", cause=Cause.DATA_LOADING.value,
+                title="GPUs and CPU wait together while the disks read: the input is I/O bound",
+                evidence=x.evidence(f),
+                fix="# read ahead of the GPU: more workers hide latency when the CPU is idle\n"
+                    "loader = torch.utils.data.DataLoader(dataset, ..., num_workers=16, prefetch_factor=8,\n"
+                    "                                     persistent_workers=True, pin_memory=True)\n"
+                    "# and stage the data on local NVMe (or page cache) instead of network storage;\n"
+                    "# fewer, larger files (WebDataset/tar shards) read sequentially",
+                gain=x.gain(f.seconds), confidence="medium",
+            ))
+            continue
+        out.append(Recommendation(
+            id="profile_comm_or_io", cause=Cause.COMMUNICATION.value,
+            title="GPUs and CPU idle together: the job waits on communication or I/O; profile a few steps",
+            evidence=x.evidence(f),
+            fix="# one profile tells communication from input: record 3 steps, then `gpuidle analyze run/traces/`\n"
+                "with torch.profiler.profile(\n"
+                "    activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],\n"
+                "    schedule=torch.profiler.schedule(wait=1, warmup=1, active=3),\n"
+                "    on_trace_ready=torch.profiler.tensorboard_trace_handler(\"run/traces\"),\n"
+                ") as prof:\n"
+                "    for batch in loader:\n"
+                "        train_step(batch)\n"
+                "        prof.step()\n"
+                "# NCCL_DEBUG=INFO shows the transport (NVLink, IB, or slow sockets)",
+            gain=x.gain(f.seconds), confidence="low",
+        ))
+    return out
+
+
+def periodic_stall(x: UtilRuleInput) -> list[Recommendation]:
+    out = []
+    for f in x.find("periodic_drops"):
+        period = f.evidence.get("period_s")
+        out.append(Recommendation(
+            id="periodic_stall", cause=Cause.UNATTRIBUTED.value,
+            title=f"Something stops the GPUs every {period} s: checkpointing, evaluation or logging?",
+            evidence=x.evidence(f),
+            fix="# match the period to what your loop does every N steps, then take it off the critical path:\n"
+                "import torch.distributed.checkpoint as dcp\n"
+                "future = dcp.async_save(model.state_dict(), checkpoint_id=f\"ckpt/step{step}\")  # saves in the "
+                "background\n"
+                "# evaluate less often or in a separate job; log from rank 0 only, and without .item() each step;\n"
+                "# Python GC pauses: gc.freeze() after setup, or gc.disable() and gc.collect() every N steps",
+            gain=x.gain(f.seconds), confidence="medium",
+        ))
+    return out
+
+
+def imbalance(x: UtilRuleInput) -> list[Recommendation]:
+    return [Recommendation(
+        id="device_imbalance", cause=Cause.STRAGGLER_WAIT.value,
+        title=f"Device {f.evidence['lowest_device']} is busy less than device {f.evidence['highest_device']}: "
+              f"uneven work, or a slower GPU",
+        evidence=x.evidence(f),
+        fix="# equal work per rank: DistributedSampler(dataset, drop_last=True), and batches of similar\n"
+            "# length (bucket sequences by length); a slower GPU: nvidia-smi -q -d PERFORMANCE on that device\n"
+            "# (clocks, throttle reasons); one process driving several GPUs: DistributedDataParallel,\n"
+            "# not DataParallel",
+        gain=x.gain(f.seconds), confidence="low",
+    ) for f in x.find("imbalance")]
+
+
+def larger_batch(x: UtilRuleInput) -> list[Recommendation]:
+    out = []
+    for f in x.find("memory_headroom"):
+        k = int(f.evidence["batch_factor"])
+        u = x.mean_util
+        if u >= 0.9 or u <= 0:
+            continue
+        # a k-times batch does the same work in k-times fewer steps: per-step overhead (launches, host
+        # work, syncs) shrinks k-fold; idle the counters already explain (input, stalls, waiting) does not.
+        busy = u * x.window_s
+        idle = x.window_s - busy
+        explained = min(idle, sum(g.seconds for g in x.analysis.findings if g.kind in EXPLAINED))
+        fixed = idle - explained
+        saved = fixed * (1 - 1 / k)
+        after = busy / (busy + explained + fixed / k) if busy + explained + fixed > 0 else u
+        steps = x.window_s * x.steps_per_s if x.steps_per_s else 0.0
+        example_lr = calc.scaled_lr(1e-3, 1, k)
+        ev = x.evidence(f)
+        ev["assumption"] = (f"idle not explained by other findings ({fixed:.1f} s) is per-step overhead and "
+                            f"shrinks {k}x; the rest stays")
+        out.append(Recommendation(
+            id="larger_batch_memory", cause=Cause.LAUNCH_OVERHEAD.value,
+            title=f"{f.share * 100:.0f} % of device memory is unused: try a {k}x larger batch",
+            evidence=ev,
+            fix=f"batch_size = {k} * batch_size\n"
+                f"lr = base_lr * {k}   # linear scaling rule (SGD; e.g. 1e-3 -> {example_lr:g}), with a few epochs of"
+                f" warmup;\n"
+                f"                     # sqrt({k}) for Adam-type optimizers\n"
+                f"# or keep the effective batch and the lr: per-GPU batch x{k}, gradient accumulation steps /{k}",
+            gain=Gain(step_s_saved=saved / steps if steps else 0.0, utilization_after=after), confidence="low",
+        ))
+    return out
+
+
+def throttling(x: UtilRuleInput) -> list[Recommendation]:
+    return [Recommendation(
+        id="clock_throttling", cause=COMPUTE,
+        title=f"Device {f.device} runs at reduced clocks: {next(iter(f.evidence['reasons']), 'throttled')}",
+        evidence=x.evidence(f),
+        fix="nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE -i <device>   # which limit, how often\n"
+            "# thermal: airflow, fan curves, neighbours; power cap: the board limit (nvidia-smi -pl, as admin);\n"
+            "# a GPU much hotter than its peers in the same node needs servicing",
+        gain=Gain(step_s_saved=0.0, utilization_after=x.mean_util), confidence="low",
+    ) for f in x.find("throttling")]
+
+
+def fill_the_sms(x: UtilRuleInput) -> list[Recommendation]:
+    return [Recommendation(
+        id="fill_the_sms", cause=Cause.LAUNCH_OVERHEAD.value,
+        title=f"Device {f.device} is 'busy' but its SMs are mostly idle: kernels too small to fill the GPU",
+        evidence=x.evidence(f),
+        fix="model = torch.compile(model)            # fuses small kernels\n"
+            "# larger per-GPU batch (see memory headroom); check kernel sizes: gpuidle analyze on a profiler trace",
+        gain=Gain(step_s_saved=0.0, utilization_after=x.mean_util), confidence="low",
+    ) for f in x.find("sm_underused")]
+
+
+def explain_low_utilization(x: UtilRuleInput) -> list[Recommendation]:
+    """Low utilization with no counter that says why: point at the tools that can."""
+    specific = {"input_bound", "waiting_comm_or_io", "periodic_drops"}
+    if any(f.kind in specific for f in x.analysis.findings):
+        return []
+    return [Recommendation(
+        id="find_the_cause", cause=Cause.UNATTRIBUTED.value,
+        title="Utilization is low and the counters alone do not say why: attribute the idle time",
+        evidence=x.evidence(f),
+        fix="gpuidle run -- python train.py ...     # GPU and CPU together: input-bound or waiting?\n"
+            "# then a profiler trace: every idle ms gets a cause\n"
+            "gpuidle analyze run/traces/",
+        gain=Gain(step_s_saved=0.0, utilization_after=x.mean_util), confidence="low",
+    ) for f in x.find("low_utilization")]
+
+
+RULES: list[UtilRule] = [input_pipeline, comm_or_io, periodic_stall, imbalance, larger_batch, throttling,
+                         fill_the_sms, explain_low_utilization]
+
+
+def recommend(analysis: UtilAnalysis, steps_per_s: float | None = None,
+              rules: list[UtilRule] = RULES) -> list[Recommendation]:
+    """Every recommendation the counters support, largest expected gain first."""
+    x = UtilRuleInput(analysis, steps_per_s)
+    return rank_by_gain([r for rule in rules for r in rule(x)])
+
+
+def build_report(series: UtilSeries, analysis: UtilAnalysis, steps_per_s: float | None = None) -> UtilizationReport:
+    """The serialisable summary: analysis, recommendations and where the samples came from."""
+    return UtilizationReport(
+        source=UtilSource(paths=series.paths, format=series.format, command=series.command,
+                          exit_code=series.exit_code),
+        window=analysis.window, devices=analysis.devices, host=analysis.host,
+        gpu_unavailable=series.gpu_unavailable, findings=analysis.findings,
+        recommendations=recommend(analysis, steps_per_s), notes=analysis.notes,
+    )
