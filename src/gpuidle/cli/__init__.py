@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gpuidle import __version__
-from gpuidle.cli import analyze, history, probe
+from gpuidle.cli import analyze, history, live, probe
 from gpuidle.cli.common import Parser
 from gpuidle.errors import GpuidleError
 
@@ -21,6 +21,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction[Parser]], None]] = [
     analyze.register,
     history.register,
     probe.register,
+    live.register,
 ]
 
 
