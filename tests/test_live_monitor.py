@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -521,3 +522,26 @@ def test_monitor_on_this_machine_says_nvml_is_missing(capsys: pytest.CaptureFixt
     assert err.startswith("gpuidle: error: ")
     assert "NVML" in err
     assert err.count("\n") == 1
+
+
+class InterruptingBackend(RecordedBackend):
+    """Presses Ctrl-C (SIGINT to this process) while taking the third sample."""
+
+    def sample(self, t: float) -> list[GpuSample]:
+        out = super().sample(t)
+        if len(self.at) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+
+def test_monitor_stops_cleanly_on_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli_live, "GPU_BACKEND", lambda: InterruptingBackend([[full_sample(0, 80.0)]]))
+    monkeypatch.setattr(cli_live, "HOST_BACKEND", lambda pid: FakeHost())
+    log = tmp_path / "util.jsonl"
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["monitor", "--interval", "0.1", "--out", str(log), "--json", "--quiet"]) == 0
+    assert signal.getsignal(signal.SIGINT) is before
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["type"] for x in lines] == ["header", "sample", "sample", "sample", "end"]
+    assert json.loads(capsys.readouterr().out)["devices"][0]["mean_util_pct"] == 80.0

@@ -219,7 +219,14 @@ def monitor_command(args: argparse.Namespace) -> int:
     writer.header(header)
     latest = LatestSample(header)
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_stop(sig: int, frame: object) -> None:
+        """Stop at the next tick, so the log ends on a whole line; a second signal stops at once."""
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     view = _view(header, latest, args.quiet, header.t0, monitor.clock.time)
     try:
         with _exporter(latest, args):
@@ -239,7 +246,8 @@ def monitor_command(args: argparse.Namespace) -> int:
         if not args.no_summary:
             _summarize_log(path, args, None)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if not keep:
             with contextlib.suppress(OSError):
                 os.unlink(path)

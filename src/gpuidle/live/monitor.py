@@ -98,7 +98,7 @@ def nvml_backend() -> GpuBackend:
 
 def _psutil() -> Any:
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
     except ImportError:
         raise GpuidleError("psutil is not installed", "pip install 'gpuidle[nvml]'") from None
     return psutil
@@ -178,17 +178,19 @@ class PsutilHost:
         prev, self._disk = self._disk, (t, float(io.read_bytes))
         if prev is None or t <= prev[0] or io.read_bytes < prev[1]:
             return None
-        return (io.read_bytes - prev[1]) / MIB / (t - prev[0])
+        return (float(io.read_bytes) - prev[1]) / MIB / (t - prev[0])
 
     def tree_pids(self) -> set[int]:
         return set(self._tree.members)
 
     def _tree_sample(self, t: float, s: HostSample) -> None:
-        ps, tree = self._ps, self._tree
+        ps, tree, root_pid = self._ps, self._tree, self.root_pid
+        if root_pid is None:
+            return
         if t - tree.refreshed >= self.TREE_REFRESH_S or not tree.members:
             tree.refreshed = t
             try:
-                root = tree.members.get(self.root_pid) or ps.Process(self.root_pid)
+                root = tree.members.get(root_pid) or ps.Process(root_pid)
                 kids = root.children(recursive=True)
             except (ps.NoSuchProcess, ps.AccessDenied):
                 root, kids = None, []

@@ -64,10 +64,11 @@ _reported: set[str] = set()
 
 def _pynvml() -> ModuleType:
     try:
-        import pynvml  # noqa: TID251 -- this module is the one allowed importer
+        import pynvml  # type: ignore[import-untyped]  # noqa: TID251 -- this module is the one allowed importer
     except ImportError:
         raise NvmlUnavailable("nvidia-ml-py is not installed", "pip install 'gpuidle[nvml]'") from None
-    return pynvml
+    mod: ModuleType = pynvml
+    return mod
 
 
 def init() -> ModuleType:

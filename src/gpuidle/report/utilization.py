@@ -193,7 +193,7 @@ class UtilRenderer(Protocol):
 
 
 UTIL_RENDERERS: dict[str, type[UtilRenderer]] = {
-    r.name: r for r in (UtilTerminalRenderer, UtilJsonRenderer)  # type: ignore[misc]
+    r.name: r for r in (UtilTerminalRenderer, UtilJsonRenderer)
 }
 
 
