@@ -1,0 +1,343 @@
+"""The HTML report in a real headless Chromium, offline: it loads, the charts are drawn, nothing errs.
+
+Chromium is driven over the DevTools protocol through ``--remote-debugging-pipe`` (fds 3
+and 4, NUL-separated JSON): no port, no extra package. Network access is cut three ways
+(no DNS, a dead proxy, DevTools offline emulation), and every request the page makes is
+recorded, so "works offline" means "asked for nothing but its own file".
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import select
+import struct
+import subprocess
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import DATA
+from gpuidle import api
+from gpuidle.cli import main
+from gpuidle.report import html
+from minitrace import Trace
+
+CHROMIUM = Path("/usr/bin/chromium")
+HANG_GUARD_S = 300.0
+"""Only so that a wedged browser fails the run instead of hanging it; never a performance bound."""
+EXAMPLE = Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"
+RANKS = [DATA / "trace_filter__sampled_rank-0.json.gz", DATA / "trace_filter__sampled_rank-1.json.gz"]
+
+
+# -- a minimal DevTools client over the pipe ------------------------------------------------
+
+
+@dataclass
+class Page:
+    requests: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    loaded: bool = False
+
+
+class Chromium:
+    def __init__(self, profile: Path) -> None:
+        cmd_r, self._cmd_w = os.pipe()
+        self._resp_r, resp_w = os.pipe()
+
+        def child_fds() -> None:  # the DevTools pipe is fds 3 (commands in) and 4 (replies out)
+            a, b = os.dup(cmd_r), os.dup(resp_w)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        self.proc = subprocess.Popen(
+            [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
+             "--disable-default-apps", "--mute-audio", f"--user-data-dir={profile}",
+             "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+             "--remote-debugging-pipe", "about:blank"],
+            preexec_fn=child_fds, pass_fds=(3, 4), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        os.close(cmd_r)
+        os.close(resp_w)
+        self._buf = b""
+        self._next = 0
+        self._pages: dict[str, Page] = {}
+
+    def _recv(self) -> dict[str, Any]:
+        while b"\0" not in self._buf:
+            ready, _, _ = select.select([self._resp_r], [], [], HANG_GUARD_S)
+            if not ready:
+                raise RuntimeError("Chromium stopped answering")
+            chunk = os.read(self._resp_r, 1 << 20)
+            if not chunk:
+                raise RuntimeError(f"Chromium exited (code {self.proc.poll()})")
+            self._buf += chunk
+        msg, _, self._buf = self._buf.partition(b"\0")
+        event: dict[str, Any] = json.loads(msg)
+        page = self._pages.get(event.get("sessionId", ""))
+        if page is not None and "method" in event:
+            self._on_event(page, event["method"], event.get("params", {}))
+        return event
+
+    @staticmethod
+    def _on_event(page: Page, method: str, p: dict[str, Any]) -> None:
+        if method == "Network.requestWillBeSent":
+            page.requests.append(p["request"]["url"])
+        elif method == "Runtime.consoleAPICalled" and p["type"] in ("error", "assert", "warning"):
+            page.errors.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in p["args"]))
+        elif method == "Runtime.exceptionThrown":
+            d = p["exceptionDetails"]
+            page.errors.append(f"exception: {d.get('text', '')} {d.get('exception', {}).get('description', '')}")
+        elif method == "Log.entryAdded" and p["entry"]["level"] in ("error", "warning"):
+            page.errors.append(f"log: {p['entry']['text']} {p['entry'].get('url', '')}")
+        elif method == "Page.loadEventFired":
+            page.loaded = True
+
+    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> dict[str, Any]:
+        self._next += 1
+        msg: dict[str, Any] = {"id": self._next, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
+        while True:
+            reply = self._recv()
+            if reply.get("id") == self._next:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                result: dict[str, Any] = reply["result"]
+                return result
+
+    def open(self, path: Path) -> tuple[str, Page]:
+        """Load ``path`` offline in a new tab, with every request and error recorded."""
+        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        page = self._pages[session] = Page()
+        for domain in ("Runtime", "Log", "Page", "Network"):
+            self.call(f"{domain}.enable", session=session)
+        self.call("Network.emulateNetworkConditions", {"offline": True, "latency": 0, "downloadThroughput": -1,
+                                                       "uploadThroughput": -1}, session)
+        self.call("Emulation.setDeviceMetricsOverride", {"width": 1200, "height": 1600, "deviceScaleFactor": 1,
+                                                         "mobile": False}, session)
+        self.call("Page.navigate", {"url": path.resolve().as_uri()}, session)
+        while not page.loaded:
+            self._recv()
+        self.call("Runtime.evaluate", {"expression": "1", "awaitPromise": True}, session)  # drain queued events
+        return session, page
+
+    def js(self, session: str, expression: str) -> Any:
+        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)
+        return result["result"].get("value")
+
+    def screenshot(self, session: str) -> bytes:
+        shot = self.call("Page.captureScreenshot", {"format": "png", "optimizeForSpeed": True}, session)
+        return base64.b64decode(shot["data"])
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError, OSError):
+            self.call("Browser.close")
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._cmd_w)
+        os.close(self._resp_r)
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"headless Chromium not found at {CHROMIUM} (Debian/Ubuntu: apt-get install chromium)")
+    browser = Chromium(tmp_path_factory.mktemp("chromium-profile"))
+    try:
+        yield browser
+    finally:
+        browser.close()
+
+
+# -- PNG: decode the screenshot to count its colours -----------------------------------------
+
+
+def png_pixels(png: bytes) -> np.ndarray:
+    """The RGB pixels ``(height, width, 3)`` of an 8-bit RGB/RGBA, non-interlaced PNG (what Chromium writes)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat = 8, b""
+    width = height = ctype = 0
+    while pos < len(png):
+        (length,) = struct.unpack(">I", png[pos:pos + 4])
+        kind, body = png[pos + 4:pos + 8], png[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert (depth, interlace, ctype in (2, 6)) == (8, 0, True)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    bpp = 3 if ctype == 2 else 4
+    data = np.frombuffer(zlib.decompress(idat), dtype=np.uint8).reshape(height, width * bpp + 1)
+    out = np.zeros((height, width * bpp), dtype=np.uint8)
+    prev = np.zeros(width * bpp, dtype=np.uint8)
+    for y in range(height):
+        f, line = int(data[y, 0]), data[y, 1:]
+        if f == 0:
+            row = line.copy()
+        elif f == 1:  # Sub: a running sum along the row, per channel, modulo 256
+            row = np.cumsum(line.reshape(width, bpp), axis=0, dtype=np.uint8).reshape(-1)
+        elif f == 2:  # Up
+            row = line + prev
+        else:  # Average or Paeth: byte by byte (Chromium's fast screenshots use neither)
+            row = line.copy()
+            for i in range(row.size):
+                a = int(row[i - bpp]) if i >= bpp else 0
+                b, c = int(prev[i]), (int(prev[i - bpp]) if i >= bpp else 0)
+                if f == 3:
+                    pred = (a + b) // 2
+                else:
+                    pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                    pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                row[i] = (int(row[i]) + pred) & 0xFF
+        out[y] = prev = row
+    return out.reshape(height, width, bpp)[:, :, :3]
+
+
+def assert_drawn(browser: Chromium, session: str, must_show: list[str]) -> None:
+    """The screenshot is a picture, not a blank page: many colours, and the chart colours among them."""
+    pixels = png_pixels(browser.screenshot(session))
+    assert pixels.shape == (1600, 1200, 3)
+    keys = (pixels[:, :, 0].astype(np.int64) << 16) | (pixels[:, :, 1].astype(np.int64) << 8) | pixels[:, :, 2]
+    colours, counts = np.unique(keys, return_counts=True)
+    assert colours.size > 50, colours.size
+    for c in must_show:
+        assert int(c[1:], 16) in set(colours.tolist()), c
+    assert counts.max() < 0.8 * keys.size  # the most common colour, the background, is not everything
+
+
+def assert_clean(page: Page, file: Path) -> None:
+    assert page.errors == []
+    assert page.requests == [file.resolve().as_uri()]  # offline: the page asked for nothing else
+
+
+# -- the tests ---------------------------------------------------------------------------------
+
+
+def test_the_harness_sees_errors_and_requests(chromium: Chromium, tmp_path: Path) -> None:
+    """A negative control: a page that errs and fetches is caught, so a clean page means clean."""
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><script>console.error("boom"); undefinedFunction();</script>'
+                   '<img src="https://example.com/x.png"></body></html>')
+    _, page = chromium.open(bad)
+    assert any("boom" in e for e in page.errors)
+    assert any("undefinedFunction" in e for e in page.errors)
+    assert "https://example.com/x.png" in page.requests
+
+
+def test_single_trace_report(chromium: Chromium, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    assert main(["analyze", str(EXAMPLE), "--html", str(out), "--no-ledger", "--out", str(tmp_path / "r.txt")]) == 0
+    report = api.analyze([EXAMPLE])
+    timeline = api.idle_timeline(EXAMPLE)
+    assert out.read_text() == html.render_report(report, timeline)
+    session, page = chromium.open(out)
+    assert_clean(page, out)
+    js = chromium.js
+    assert js(session, "document.title") == "gpuidle report"
+    assert js(session, "document.querySelectorAll('svg.timeline').length") == len(timeline.devices)
+    assert js(session, "document.querySelectorAll('svg.steps').length") == 1
+    assert js(session, "document.querySelectorAll('svg.heatmap').length") == 0  # one rank
+    assert js(session, "document.querySelectorAll('.rec').length") == len(report.recommendations) > 0
+    rank = report.ranks[0]
+    assert js(session, "document.querySelectorAll('svg.steps rect.step').length") == len(rank.steps)
+    (dev,) = timeline.devices
+    if len(dev) <= html.MAX_INTERVAL_RECTS:
+        assert js(session, "document.querySelectorAll('svg.timeline rect.idle').length") == len(dev)
+    else:  # one path per cause present
+        causes = {int(c) for c in dev.seg_cause}
+        assert js(session, "document.querySelectorAll('svg.timeline path').length") >= len(causes)
+    # every chart has a real size on the page
+    sizes = js(session, "[...document.querySelectorAll('svg')].map(s => s.getBoundingClientRect())"
+                        ".map(r => [r.width, r.height])")
+    assert sizes
+    assert all(w > 300 and h > 20 for w, h in sizes)
+    titles = js(session, "[...document.querySelectorAll('svg.steps rect.step title')].map(t => t.textContent)")
+    assert titles[0].startswith(f"step {rank.steps[0].step}: ")
+    assert_drawn(chromium, session, [html.BUSY_COLOR, html.CAUSE_COLOR["launch_overhead"],
+                                     html.CAUSE_COLOR["cpu_compute"]])
+
+
+def test_job_report_has_the_rank_step_heatmap(chromium: Chromium, tmp_path: Path) -> None:
+    report = api.analyze(RANKS)
+    timeline = api.timeline_for(report)
+    out = tmp_path / "job.html"
+    out.write_text(html.render_report(report, timeline))
+    session, page = chromium.open(out)
+    assert_clean(page, out)
+    cells = sum(len(r.steps) for r in report.ranks)
+    assert chromium.js(session, "document.querySelectorAll('svg.heatmap rect.cell').length") == cells
+    assert chromium.js(session, "document.querySelectorAll('#job tr').length") == len(report.ranks) + 1
+    note = chromium.js(session, "document.querySelector('#timeline .note').textContent")
+    worst = min(report.ranks, key=lambda r: r.primary().utilization)
+    assert note.startswith(f"rank {worst.rank} of 2, the lowest utilization")
+    assert_drawn(chromium, session, [html.BUSY_COLOR, html.CAUSE_COLOR["communication"]])
+
+
+def test_compare_page(chromium: Chromium, tmp_path: Path) -> None:
+    def loader(load_us: float) -> Trace:
+        t = Trace()
+        for i in range(4):
+            o = i * (load_us + 600)
+            t.step(i + 1, o, load_us + 600)
+            t.annotation("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", o, load_us)
+            t.op("aten::linear", o + load_us, 100)
+            t.launch(at=o + load_us + 50, call_dur=10, start=o + load_us + 100, dur=500)
+        return t
+
+    assert main(["analyze", str(loader(400).write(tmp_path / "a.json.gz")), "--label", "baseline",
+                 "--out", str(tmp_path / "a.txt")]) == 0
+    assert main(["analyze", str(loader(10).write(tmp_path / "b.json.gz")), "--label", "workers",
+                 "--out", str(tmp_path / "b.txt")]) == 0
+    out = tmp_path / "compare.html"
+    assert main(["compare", "baseline", "workers", "--html", str(out), "--price", "2.5",
+                 "--out", str(tmp_path / "c.txt")]) == 0
+    session, page = chromium.open(out)
+    assert_clean(page, out)
+    js = chromium.js
+    assert js(session, "document.title") == "gpuidle compare"
+    assert js(session, "document.querySelectorAll('#side-by-side svg.steps').length") == 2
+    assert js(session, "document.querySelectorAll('svg.causedelta rect.after').length") == 2  # data, launch
+    rows = js(session, "[...document.querySelectorAll('#headline tr')].map(r => r.textContent)")
+    assert rows[1].startswith("utilization50.0 %82.0 %+32.0 pts")
+    assert rows[2].startswith("step time1.00 ms610.0 µs−390.0 µs")
+    assert rows[4].startswith("cost of 1,000 steps at 2.5/GPU-h")
+    assert "Resolved" in js(session, "document.querySelector('#recommendations').textContent")
+    assert js(session, "document.querySelector('.verdict').className") == "verdict"
+    assert_drawn(chromium, session, [html.BUSY_COLOR, html.CAUSE_COLOR["data_loading"]])
+
+
+def test_a_report_needs_no_timeline(chromium: Chromium, tmp_path: Path) -> None:
+    """The registry-style renderer (no trace re-read) is a valid page too."""
+    report = api.analyze([DATA / "trace_compare__base__base.json.gz"])
+    out = tmp_path / "plain.html"
+    out.write_text(html.HtmlRenderer().render(report))
+    session, page = chromium.open(out)
+    assert_clean(page, out)
+    assert chromium.js(session, "document.querySelectorAll('svg.timeline').length") == 0
+    assert chromium.js(session, "document.querySelectorAll('svg.causebar rect.seg').length") >= 2
+
+
+def test_page_is_self_contained() -> None:
+    """No reference to anything outside the file, checked on the text itself."""
+    report = api.analyze([EXAMPLE])
+    text = html.render_report(report, api.idle_timeline(EXAMPLE))
+    assert "Content-Security-Policy" in text
+    assert "default-src 'none'" in text
+    for needle in ("http://", "https://", "<script", "<link", "src=", "@import", "url(http"):
+        assert needle not in text.replace('xmlns="http://www.w3.org/2000/svg"', ""), needle
+
