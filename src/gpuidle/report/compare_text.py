@@ -131,7 +131,7 @@ class CompareJsonRenderer:
 
 
 COMPARE_RENDERERS: dict[str, type[CompareRenderer]] = {
-    r.name: r for r in (CompareTerminalRenderer, CompareMarkdownRenderer, CompareJsonRenderer)  # type: ignore[misc]
+    r.name: r for r in (CompareTerminalRenderer, CompareMarkdownRenderer, CompareJsonRenderer)
 }
 _EXTENSIONS = {".md": "md", ".json": "json", ".txt": "terminal"}
 
