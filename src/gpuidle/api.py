@@ -19,6 +19,7 @@ import numpy as np
 from gpuidle import ledger
 from gpuidle.advice.rules import rank_by_gain, recommend, straggler_recommendations
 from gpuidle.analysis import compare as comparison
+from gpuidle.analysis import series as step_series
 from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
@@ -35,10 +36,11 @@ from gpuidle.model import (
     IdleTimeline,
     Recommendation,
     Source,
+    StepSeries,
 )
 from gpuidle.report import annotate
 from gpuidle.report.jsonout import load_report
-from gpuidle.sources import kineto
+from gpuidle.sources import kineto, tracker
 from gpuidle.sources.jsonstream import TraceStream
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -91,8 +93,11 @@ def analyze(
 
     Files are analysed one per worker process (at most ``workers``, default the CPU
     count), so the parent holds only the small per-rank results. A file that cannot
-    be read is skipped with a warning when others remain; alone, it raises.
+    be read is skipped with a warning when others remain; alone, it raises. A folder the
+    in-process tracker wrote (``gpuidle.torch.StepTracker``) is read as such.
     """
+    if any(tracker.is_tracker_path(p) for p in paths):
+        return analyze_tracker(paths, warn)
     files = [f for p in paths for f in find_trace_files(p)]
     outcomes = _run(files, workers, progress)
     good = [o for o in outcomes if o.analysis is not None]
@@ -166,6 +171,62 @@ def _merge_across_ranks(recs: list[Recommendation]) -> list[Recommendation]:
         if len(ranks[rid]) > 1:
             r.evidence["ranks"] = sorted(set(ranks[rid]))
     return rank_by_gain(list(best.values()))
+
+
+# ----------------------------------------------------------------------------------
+# The in-process tracker's runs
+# ----------------------------------------------------------------------------------
+
+
+def analyze_tracker(paths: Sequence[str | Path], warn: Callable[[str], None] | None = None) -> AnalysisReport:
+    """Folders (or rank logs) written by ``gpuidle.torch.StepTracker``: the same report as for traces.
+
+    Every rank's log present: the report is derived from them. Some missing (written on
+    another node) and rank 0's summary here: the summary, which covers every rank.
+    """
+    others = [str(p) for p in paths if not tracker.is_tracker_path(p)]
+    if others:
+        raise GpuidleError(f"{others[0]}: not tracker output, given with a tracker folder",
+                           "analyse profiler traces and tracker folders separately")
+    run = tracker.read(paths)
+    for line in run.skipped:
+        if warn:
+            warn(f"skipped {line}")
+    series: dict[int, StepSeries] = {}
+    duplicates: list[int] = []
+    for s in run.series:
+        if s.rank in series:
+            duplicates.append(s.rank)
+            if warn:
+                warn(f"rank {s.rank} appears twice ({series[s.rank].path}, {s.path}): the second is ignored")
+            continue
+        series[s.rank] = s
+    world = max((s.world_size for s in series.values()), default=0)
+    if run.summary is not None and len(run.summary.ranks) > len(series):
+        return run.summary
+    if not series:
+        raise InputNotFound(f"{', '.join(str(p) for p in paths)}: no tracker log with steps")
+    return analyze_series([series[r] for r in sorted(series)], [str(p) for p in paths], run.skipped,
+                          sorted(set(duplicates)), world)
+
+
+def analyze_series(
+    series: Sequence[StepSeries], paths: Sequence[str], skipped: Sequence[str] = (),
+    duplicates: Sequence[int] = (), world_size: int | None = None,
+) -> AnalysisReport:
+    """The report of the tracker's steps, one series per rank; the advice rules apply unchanged."""
+    reports = [step_series.rank_report(s) for s in series]
+    job = step_series.job_report(list(series), reports, list(duplicates)) \
+        if len(series) > 1 or (world_size or 1) > 1 else None
+    recs: list[Recommendation] = []
+    for r in reports:
+        recs.extend(recommend(r))
+    if job is not None:
+        recs.extend(straggler_recommendations(job, reports))
+    return AnalysisReport(
+        source=Source(paths=list(paths), format=tracker.FORMAT, skipped=list(skipped)),
+        ranks=reports, job=job, recommendations=_merge_across_ranks(recs),
+    )
 
 
 # ----------------------------------------------------------------------------------

@@ -1,0 +1,45 @@
+"""The public import path of the in-process step tracker: ``from gpuidle.torch import StepTracker``.
+
+Needs PyTorch (``pip install 'gpuidle[torch]'``). The Lightning and Hugging Face callbacks
+load on first use, so their packages stay optional.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuidle.live.torch import (
+    COMPUTE_PHASES,
+    DEFAULT_PHASES,
+    CudaClock,
+    DeviceClock,
+    HostClock,
+    Marker,
+    StepTracker,
+    batch_size,
+    timed_hook,
+)
+
+__all__ = [
+    "COMPUTE_PHASES",
+    "DEFAULT_PHASES",
+    "CudaClock",
+    "DeviceClock",
+    "HostClock",
+    "Marker",
+    "StepTracker",
+    "batch_size",
+    "timed_hook",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GpuidleLightningCallback":
+        from gpuidle.live.lightning_callback import GpuidleLightningCallback
+
+        return GpuidleLightningCallback
+    if name == "GpuidleTrainerCallback":
+        from gpuidle.live.hf_callback import GpuidleTrainerCallback
+
+        return GpuidleTrainerCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
