@@ -91,25 +91,38 @@ class Runner:
         self._stops = 0
         self._first_stop: float | None = None
         self._previous: dict[int, object] = {}
+        self._pending: list[int] = []
         self._t0 = 0.0
 
     def start(self) -> int:
-        """Start the command in its own process group; returns its pid."""
-        try:
-            self.proc = subprocess.Popen(self.cmd, process_group=0, env=self.env)
-        except FileNotFoundError:
-            raise CommandNotFound(f"command not found: {self.cmd[0]}") from None
-        except PermissionError:
-            raise CommandNotFound(f"permission denied: {self.cmd[0]}") from None
-        self._t0 = time.monotonic()
+        """Start the command in its own process group; returns its pid.
+
+        The handlers go in first, so a signal that arrives while the command starts is
+        forwarded as soon as it exists rather than lost (or killing gpuidle alone).
+        """
         if threading.current_thread() is threading.main_thread():
             for sig in FORWARDED:
                 self._previous[sig] = signal.signal(sig, self._forward)
+        try:
+            self.proc = subprocess.Popen(self.cmd, process_group=0, env=self.env)
+        except FileNotFoundError:
+            self.restore()
+            raise CommandNotFound(f"command not found: {self.cmd[0]}") from None
+        except PermissionError:
+            self.restore()
+            raise CommandNotFound(f"permission denied: {self.cmd[0]}") from None
+        self._t0 = time.monotonic()
+        pending, self._pending = self._pending, []
+        for sig in pending:
+            self._forward(sig, None)
         return self.proc.pid
 
     def _forward(self, sig: int, frame: FrameType | None) -> None:
         proc = self.proc
-        if proc is None or proc.returncode is not None:
+        if proc is None:
+            self._pending.append(sig)
+            return
+        if proc.returncode is not None:
             return
         self.result.forwarded.append(sig)
         if sig in STOPPING:

@@ -7,6 +7,7 @@ already hold; they compute nothing new.
 from __future__ import annotations
 
 import io
+import shlex
 from typing import Protocol
 
 import msgspec
@@ -129,7 +130,7 @@ class UtilTerminalRenderer:
         console.print(Text(head, style="bold"))
         if src.command:
             code = "" if src.exit_code is None else f" · exit code {src.exit_code}"
-            console.print(Text(f"command: {' '.join(src.command)}{code}", style="bright_black"))
+            console.print(Text(f"command: {shlex.join(src.command)}{code}", style="bright_black"))
         w = report.window
         console.print(Text(f"window: {_s(w.start_s)} → {_s(w.start_s + w.dur_s)} ({_s(w.dur_s)}; idle excluded: "
                            f"{_s(w.leading_idle_s)} at the start, {_s(w.trailing_idle_s)} at the end) · a sample "
