@@ -127,10 +127,11 @@ def _util_class(u: float) -> str:
     return "good" if u >= TARGET_UTILIZATION else ("warn" if u >= 0.6 else "bad")
 
 
-def _stack_path(color: str, boxes: list[tuple[float, float, float, float]], title: str) -> str:
+def _stack_path(color: str, boxes: list[tuple[float, float, float, float]], title: str, cls: str = "") -> str:
     """Many rectangles ``(x, y, w, h)`` of one colour as one path: light for the browser."""
     d = "".join(f"M{_f(x)} {_f(y)}h{_f(w)}v{_f(h)}h{_f(-w)}z" for x, y, w, h in boxes if w > 0 and h > 0)
-    return f'<path fill="{color}" d="{d}">{_title(title)}</path>' if d else ""
+    attr = f' class="{cls}"' if cls else ""
+    return f'<path{attr} fill="{color}" d="{d}">{_title(title)}</path>' if d else ""
 
 
 # -- charts ----------------------------------------------------------------------------
@@ -201,8 +202,9 @@ def timeline_chart(tl: IdleTimeline, dt: DeviceTimeline) -> str:
             out.append(f'<text x="{_f(bx + 2)}" y="{top - 4}">#{int(tl.step_numbers[i])}</text>')
     for t in nice_ticks(0.0, span / 1e9):
         tx = x(lo + t * 1e9)
+        anchor = "end" if tx > LEFT + PLOT - 25 else "middle"
         out.append(f'<line x1="{_f(tx)}" x2="{_f(tx)}" y1="{_f(axis_y)}" y2="{_f(axis_y + 4)}" stroke="#9aa5b1"/>'
-                   f'<text x="{_f(tx)}" y="{_f(axis_y + 16)}" text-anchor="middle">{_ms_label(t)}</text>')
+                   f'<text x="{_f(tx)}" y="{_f(axis_y + 16)}" text-anchor="{anchor}">{_ms_label(t)}</text>')
     name = f" ({dt.name})" if dt.name else ""
     return _svg(axis_y + 20, out, f"GPU {dt.device}{name}: utilization over time, idle by cause", "timeline")
 
@@ -221,16 +223,25 @@ def _intervals(dt: DeviceTimeline, xf: Callable[[float], float], y: float, h: fl
                        f'fill="{CAUSE_COLOR[names[c]]}">{_title(f"{names[c]} · step {step} · {ms((e - s) / 1e9)}")}'
                        "</rect>")
         return "".join(out)
+    # too many to draw one by one: each slice of the window shows its largest idle cause
+    edges = dt.bin_edges.tolist()
     boxes: dict[int, list[tuple[float, float, float, float]]] = {}
-    for s, e, c in zip(starts, ends, causes, strict=True):
-        x0, x1 = xf(s), xf(e)
-        runs = boxes.setdefault(c, [])
-        if runs and x0 - (runs[-1][0] + runs[-1][2]) < 0.3:  # touches the last one on screen: extend it
-            px, py, _, ph = runs[-1]
-            runs[-1] = (px, py, max(x1 - px, 0.5), ph)
+    last = -1
+    for i, shares in enumerate(dt.bin_idle.tolist()):
+        c = max(range(len(shares)), key=shares.__getitem__)
+        if shares[c] <= 0:
+            last = -1
+            continue
+        x0, x1 = xf(edges[i]), xf(edges[i + 1])
+        if c == last:
+            px, py, _, ph = boxes[c][-1]
+            boxes[c][-1] = (px, py, x1 - px, ph)
         else:
-            runs.append((x0, y, max(x1 - x0, 0.5), h))
-    return "".join(_stack_path(CAUSE_COLOR[names[c]], b, names[c]) for c, b in sorted(boxes.items()))
+            boxes.setdefault(c, []).append((x0, y, x1 - x0, h))
+        last = c
+    note = f"{len(starts):,} idle intervals, too many to draw one by one: each slice shows its largest cause"
+    return "".join(_stack_path(CAUSE_COLOR[names[c]], b, f"{names[c]} · {note}", "idle")
+                   for c, b in sorted(boxes.items()))
 
 
 def steps_chart(r: RankReport, y_max_s: float | None = None, width: int = WIDTH) -> str:
@@ -407,7 +418,8 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
         note = f'<p class="note">{_e(timeline.note)}</p>' if timeline.note else ""
         body.append(f'<section id="timeline"><h2>Over time: rank {timeline.rank}</h2>{note}'
                     '<p class="note">top: utilization in slices of the window, busy at the bottom and idle causes '
-                    "above; below: every idle interval, coloured by its cause (hover for step and length). "
+                    "above; below: the idle intervals, coloured by cause (hover for step and length; "
+                    f"above {MAX_INTERVAL_RECTS:,} intervals, each slice shows its largest cause). "
                     "Dashed lines are step starts.</p>"
                     + "".join(f"<h3>GPU {d.device}{' · ' + _e(d.name) if d.name else ''}</h3>"
                               + timeline_chart(timeline, d) for d in timeline.devices)
