@@ -296,3 +296,23 @@ def test_device_figures_match_reference(seed: int) -> None:
     assert d.below_80_s == pytest.approx(ref["below80"])
     assert d.idle_s == pytest.approx(ref["idle_s"])
     assert d.idle_period_count == ref["runs"]
+
+
+def test_advice_merges_throttled_devices_and_ranks_by_utilization_after() -> None:
+    a = analyze(series(dev(0, SECONDS, [95] * 10, throttle_reasons=[4] * 10),
+                       dev(1, SECONDS, [95] * 10, throttle_reasons=[0x40] * 10)))
+    recs = [r for r in recommend(a) if r.id == "clock_throttling"]
+    assert len(recs) == 1
+    assert recs[0].evidence["devices"] == [0, 1]
+    assert recs[0].evidence["reasons"] == ["hw_thermal_slowdown", "sw_power_cap"]
+    t, u = _periodic_series()
+    mixed = recommend(analyze(series(dev(0, t, u, mem_used_mib=[1000] * 200, mem_total_mib=[16000] * 200),
+                                     dev(1, t, [x * 0.7 for x in u]))))
+    after = [r.gain.utilization_after for r in mixed]
+    assert after == sorted(after, reverse=True)
+
+
+def test_pointer_to_the_tools_only_when_utilization_is_low() -> None:
+    assert not any(r.id == "find_the_cause" for r in recommend(analyze(series(dev(0, SECONDS, [85] * 10)))))
+    low = recommend(analyze(series(dev(0, SECONDS, [60] * 10))))
+    assert [r.id for r in low] == ["find_the_cause"]

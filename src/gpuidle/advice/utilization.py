@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuidle.advice import calc
-from gpuidle.advice.rules import rank_by_gain
 from gpuidle.analysis.utilization import UtilAnalysis
 from gpuidle.model import Cause, Gain, Recommendation, UtilFinding, UtilizationReport, UtilSeries, UtilSource
 
@@ -55,6 +54,8 @@ class UtilRuleInput:
 
 UtilRule = Callable[[UtilRuleInput], list[Recommendation]]
 EXPLAINED = ("input_bound", "waiting_comm_or_io", "periodic_drops")
+LOW_UTIL = 0.8
+"""Below this mean utilization, idle the counters cannot explain earns a pointer to the tools that can."""
 """Findings whose idle time a larger batch would not remove."""
 
 
@@ -176,15 +177,22 @@ def larger_batch(x: UtilRuleInput) -> list[Recommendation]:
 
 
 def throttling(x: UtilRuleInput) -> list[Recommendation]:
+    found = x.find("throttling")
+    if not found:
+        return []
+    devices = [f.device for f in found]
+    reasons = sorted({r for f in found for r in f.evidence["reasons"]})
+    which = f"device {devices[0]}" if len(devices) == 1 else f"devices {', '.join(map(str, devices))}"
+    ev: dict[str, object] = {"findings": [f.summary for f in found], "devices": devices, "reasons": reasons}
     return [Recommendation(
         id="clock_throttling", cause=COMPUTE,
-        title=f"Device {f.device} runs at reduced clocks: {next(iter(f.evidence['reasons']), 'throttled')}",
-        evidence=x.evidence(f),
+        title=f"Clocks slowed on {which}: {', '.join(reasons)}",
+        evidence=ev,
         fix="nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE -i <device>   # which limit, how often\n"
             "# thermal: airflow, fan curves, neighbours; power cap: the board limit (nvidia-smi -pl, as admin);\n"
             "# a GPU much hotter than its peers in the same node needs servicing",
         gain=Gain(step_s_saved=0.0, utilization_after=x.mean_util), confidence="low",
-    ) for f in x.find("throttling")]
+    )]
 
 
 def fill_the_sms(x: UtilRuleInput) -> list[Recommendation]:
@@ -201,7 +209,7 @@ def fill_the_sms(x: UtilRuleInput) -> list[Recommendation]:
 def explain_low_utilization(x: UtilRuleInput) -> list[Recommendation]:
     """Low utilization with no counter that says why: point at the tools that can."""
     specific = {"input_bound", "waiting_comm_or_io", "periodic_drops"}
-    if any(f.kind in specific for f in x.analysis.findings):
+    if any(f.kind in specific for f in x.analysis.findings) or x.mean_util >= LOW_UTIL:
         return []
     return [Recommendation(
         id="find_the_cause", cause=Cause.UNATTRIBUTED.value,
@@ -222,7 +230,13 @@ def recommend(analysis: UtilAnalysis, steps_per_s: float | None = None,
               rules: list[UtilRule] = RULES) -> list[Recommendation]:
     """Every recommendation the counters support, largest expected gain first."""
     x = UtilRuleInput(analysis, steps_per_s)
-    return rank_by_gain([r for rule in rules for r in rule(x)])
+    return rank_util([r for rule in rules for r in rule(x)])
+
+
+def rank_util(recs: list[Recommendation]) -> list[Recommendation]:
+    """Largest utilization after first (the same order as time saved, which needs the step rate), then confidence."""
+    order = {"high": 0, "medium": 1, "low": 2}
+    return sorted(recs, key=lambda r: (-r.gain.utilization_after, order.get(r.confidence, 3), r.id))
 
 
 def build_report(series: UtilSeries, analysis: UtilAnalysis, steps_per_s: float | None = None) -> UtilizationReport:

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from gpuidle.errors import GpuidleError
 from gpuidle.model import DeviceUtil, GpuInfo, GpuSample, HostSample, HostUtil, UtilizationReport
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct
+from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, ranges
 
 BAR = 24
 
@@ -53,13 +53,13 @@ def _devices_table(devs: list[DeviceUtil]) -> Table:
                       ("power W", "right"), ("SM clock", "right"), ("temp", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for d in devs:
-        name = f"{d.device}" + (f" {d.name}" if d.name else "")
+        name = str(d.device)
         mem = "N/A" if d.mem_used_max_mib is None else f"{_gib(d.mem_used_max_mib)} / {_gib(d.mem_total_mib)}"
         power = "N/A" if d.power_mean_w is None else (
             f"{d.power_mean_w:.0f}" + (f" / {d.power_limit_w:.0f}" if d.power_limit_w else ""))
         t.add_row(name, f"{d.mean_util_pct:.1f} %", _bar(d.mean_util_pct, 12), f"{d.median_util_pct:.1f} %",
                   pct(d.below_80_share, 0), pct(d.below_90_share, 0),
-                  f"{d.idle_period_count}× · {_s(d.idle_s)}", mem, power,
+                  f"{d.idle_period_count}× {d.idle_s:,.1f} s", mem, power,
                   _num(d.sm_clock_mean_mhz, "MHz"), _num(d.temp_max_c, "°C"))
     return t
 
@@ -139,6 +139,11 @@ class UtilTerminalRenderer:
             console.print(Text(f"GPUs: unavailable ({report.gpu_unavailable}); CPU-side figures only",
                                style="yellow"))
         if report.devices:
+            names: dict[str, list[int]] = {}
+            for d in report.devices:
+                names.setdefault(d.name or "GPU", []).append(d.device)
+            console.print(Text("devices: " + "; ".join(f"{ranges(ix)}: {n}" for n, ix in names.items()),
+                               style="bright_black"))
             console.print(_devices_table(report.devices))
             for item in _device_details(report.devices):
                 console.print(item)
