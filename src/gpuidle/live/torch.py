@@ -421,6 +421,16 @@ class StepTracker:
         host = self._open.host
         host[name] = host.get(name, 0) + ns
 
+    def restart(self) -> None:
+        """Start the current step now: what ran since the last step (evaluation, a checkpoint) is no step's time."""
+        if self._open.empty():
+            self._step_start = self._clock()
+
+    @property
+    def clock(self) -> Callable[[], int]:
+        """The host clock of the tracker (ns), for callers that measure waits themselves."""
+        return self._clock
+
     def step(self) -> None:
         """End the step: queue its markers, read those that completed, exchange every ``every`` steps."""
         now = self._clock()
