@@ -512,6 +512,8 @@ def test_cli_analyze_on_a_tracker_folder(tmp_path: Path, capsys: pytest.CaptureF
     assert out["recommendations"][0]["id"] == "dataloader_workers"
     assert main(["analyze", str(run)]) == 0
     assert "tracker" in capsys.readouterr().out
+    assert main(["analyze", str(run), "--html", str(tmp_path / "report.html"), "--no-ledger"]) == 2
+    assert "tracker.profile" in capsys.readouterr().err
 
 
 def test_cli_refuses_a_tracker_folder_mixed_with_traces(tmp_path: Path, data: Path,

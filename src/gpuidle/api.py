@@ -265,6 +265,9 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS) -> IdleTimeline:
 
 def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS) -> IdleTimeline:
     """The timeline of the report's trace; for a job, of its lowest-utilization rank (the note says so)."""
+    if report.source.format == tracker.FORMAT:
+        raise GpuidleError("the step tracker records step times, not device intervals: no timeline to draw",
+                           "profile a few steps with tracker.profile(steps=...) and use that trace")
     if len(report.ranks) == 1:
         return idle_timeline(report.ranks[0].path, bins)
     worst = min(report.ranks, key=lambda r: (r.primary().utilization, r.rank))
