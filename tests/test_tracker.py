@@ -548,3 +548,14 @@ def test_profile_a_window_of_steps(tmp_path: Path) -> None:
     assert [s.step for s in report.ranks[0].steps] == [0, 1, 5, 6, 7]
     with pytest.raises(GpuidleError, match="already running"):
         tr.profile(range(2))
+
+
+def test_rank0_keeps_the_last_steps_for_the_summary_and_the_logs_keep_all(tmp_path: Path) -> None:
+    clk = FakeClock()
+    tr = StepTracker(tmp_path, device_clock=None, clock=clk, every=5, summary_steps=10, log=lambda _: None)
+    _loop(tr, clk, None, steps=30, run_ns=0)
+    report = tr.close()
+    assert report is not None
+    assert [s.step for s in report.ranks[0].steps] == list(range(20, 30))
+    assert any("last 10 steps of 30" in n for n in report.ranks[0].notes)
+    assert len(analyze([tmp_path]).ranks[0].steps) == 30

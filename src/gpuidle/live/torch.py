@@ -246,6 +246,8 @@ class StepTracker:
     :param device_clock: ``"auto"`` (CUDA events when CUDA is available), None (host timing), or a clock.
     :param clock: host clock in ns; with ``gather``, ``rank`` and ``world_size``, for tests.
     :param log: where rank 0's lines go (default: stderr).
+    :param summary_steps: rank 0 keeps every rank's last this many steps for the job summary; the
+        rank logs keep them all.
     """
 
     def __init__(
@@ -268,6 +270,7 @@ class StepTracker:
         rank: int | None = None,
         world_size: int | None = None,
         log: Callable[[str], None] | None = None,
+        summary_steps: int = 5000,
     ) -> None:
         if every < 1 or resolve_lag < 0 or (log_every is not None and log_every < 1):
             raise GpuidleError(f"every={every}, log_every={log_every}, resolve_lag={resolve_lag}",
@@ -321,7 +324,10 @@ class StepTracker:
         self._pending: deque[_Pending] = deque()
         self._rows: list[list[float]] = []
         self._sent = 0
-        self._job: list[np.ndarray] = []
+        self._job: deque[np.ndarray] = deque()
+        self._job_steps = 0
+        self._job_dropped = 0
+        self._summary_steps = max(1, summary_steps)
         self._next_log = log_every or 0
         self._forced = 0
         self._comm_hook: str | None = None
@@ -607,11 +613,20 @@ class StepTracker:
         self._sent += count
         if self.rank == 0:
             block = np.concatenate([everyone, wait[:, :, None].astype(np.float64)], axis=2)
-            self._job.append(block)
+            self._keep(block)
             if self._log_every and self._step >= self._next_log and not final:
                 self._log(self._log_line(block))
                 while self._next_log <= self._step:
                     self._next_log += self._log_every
+
+    def _keep(self, block: np.ndarray) -> None:
+        """Rank 0's memory of the job: the last ``summary_steps`` steps of every rank."""
+        self._job.append(block)
+        self._job_steps += block.shape[1]
+        while self._job_steps - self._job[0].shape[1] >= self._summary_steps:
+            dropped = self._job.popleft()
+            self._job_steps -= dropped.shape[1]
+            self._job_dropped += dropped.shape[1]
 
     def _line(self, r: np.ndarray, wait: int) -> TrackerStep:
         col = self._col
@@ -698,7 +713,11 @@ class StepTracker:
 
         width = len(self._cols) + 1
         job = np.concatenate(self._job, axis=1) if self._job else np.zeros((self.world_size, 0, width))
-        series = [self._series(r, job[r], list(self._notes)) for r in range(job.shape[0])]
+        notes = list(self._notes)
+        if self._job_dropped:
+            notes.append(f"the job summary covers the last {job.shape[1]} steps of {job.shape[1] + self._job_dropped}; "
+                         f"gpuidle analyze {self.out_dir} reads every step from the rank logs")
+        series = [self._series(r, job[r], notes) for r in range(job.shape[0])]
         report = analyze_series(series, [str(self.out_dir)])
         text = msgspec.json.format(msgspec.json.encode(report).decode(), indent=2) + "\n"
         (self.out_dir / TRACKER_SUMMARY).write_text(text, encoding="utf-8")
