@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 
 from gpuidle import ledger
+from gpuidle.advice import calc
 from gpuidle.advice.rules import rank_by_gain, recommend, straggler_recommendations
 from gpuidle.analysis import compare as comparison
 from gpuidle.analysis import series as step_series
@@ -123,6 +124,12 @@ def analyze(
         job=job,
         recommendations=_merge_across_ranks(recs),
     )
+
+
+def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 1.0) -> AnalysisReport:
+    """The report with its cost: GPU-hours and money lost to idle time per ``hours`` of training,
+    and what reaching 90 % utilization would save (formulas in ``advice.calc``)."""
+    return msgspec.structs.replace(report, cost=calc.cost_from_report(report, price_per_gpu_hour, hours))
 
 
 def _run(files: list[str], workers: int | None, progress: Progress | None) -> list[_Outcome]:

@@ -309,6 +309,41 @@ class Recommendation(msgspec.Struct):
     rank: int | None = None
 
 
+class CalcLine(msgspec.Struct):
+    """One result with its formula, the formula with the numbers in, and how it was rounded for display."""
+
+    name: str
+    value: float
+    """Exact; only ``shown`` is rounded."""
+    unit: str
+    formula: str
+    worked: str
+    rounding: str
+    shown: str
+
+
+class CostResult(msgspec.Struct, kw_only=True):
+    """What idle GPUs cost, and what a target utilization would save. Savings are never negative.
+
+    Built by ``advice.calc.cost``; ``lines`` show each formula with its numbers and rounding.
+    """
+
+    gpus: int
+    hours: float
+    utilization: float
+    price_per_gpu_hour: float | None
+    target: float | None
+    gpu_hours: float
+    wasted_gpu_hours: float
+    wasted_usd: float | None
+    hours_at_target: float | None
+    hours_saved: float | None
+    gpu_hours_saved: float | None
+    usd_saved: float | None
+    lines: list[CalcLine]
+    notes: list[str] = []
+
+
 class Straggler(msgspec.Struct):
     rank: int
     steps: list[int]
@@ -371,6 +406,8 @@ class AnalysisReport(msgspec.Struct, kw_only=True):
     ranks: list[RankReport]
     job: JobReport | None = None
     recommendations: list[Recommendation]
+    cost: CostResult | None = None
+    """Present when a price per GPU-hour was given."""
 
 
 # ----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from gpuidle.errors import GpuidleError
-from gpuidle.model import AnalysisReport
+from gpuidle.model import AnalysisReport, CalcLine, CostResult
 
 TARGET_UTILIZATION = 0.9
 """The guide's goal: over 90 % utilization."""
@@ -76,38 +76,6 @@ def _check_utilization(u: float) -> None:
 
 MONEY = "money"
 """The unit of prices and costs: whatever currency the price was given in."""
-
-
-class CalcLine(msgspec.Struct):
-    """One result with its formula, the formula with the numbers in, and how it was rounded for display."""
-
-    name: str
-    value: float
-    """Exact; only ``shown`` is rounded."""
-    unit: str
-    formula: str
-    worked: str
-    rounding: str
-    shown: str
-
-
-class CostResult(msgspec.Struct, kw_only=True):
-    """What idle GPUs cost, and what a target utilization would save. Savings are never negative."""
-
-    gpus: int
-    hours: float
-    utilization: float
-    price_per_gpu_hour: float | None
-    target: float | None
-    gpu_hours: float
-    wasted_gpu_hours: float
-    wasted_usd: float | None
-    hours_at_target: float | None
-    hours_saved: float | None
-    gpu_hours_saved: float | None
-    usd_saved: float | None
-    lines: list[CalcLine]
-    notes: list[str] = []
 
 
 class CalcReport(msgspec.Struct, kw_only=True):

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from gpuidle import api
-from gpuidle.cli.common import Parser, emit, positive_int, warn
+from gpuidle.cli.common import Parser, emit, positive_float, positive_int, warn
 from gpuidle.cli.history import add_ledger_option, ledger_path
 from gpuidle.errors import GpuidleError
 from gpuidle.model import AnalysisReport
@@ -42,6 +42,10 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
     an.add_argument("--notes", help="free text stored with the run in the ledger")
     an.add_argument("--batch-size", type=positive_int, default=None,
                     help="batch size per GPU, stored in the ledger so compare can tell unlike runs apart")
+    an.add_argument("--price-per-gpu-hour", type=positive_float, metavar="PRICE",
+                    help="add the cost of the idle time (GPU-hours and money) to the report")
+    an.add_argument("--hours", type=positive_float, default=1.0,
+                    help="training hours the cost is computed for (default 1: cost per hour)")
     add_ledger_option(an)
     an.set_defaults(func=run)
 
@@ -77,6 +81,8 @@ def _progress(paths: Sequence[str], enabled: bool) -> Iterator[api.Progress | No
 def run(args: argparse.Namespace) -> int:
     with _progress(args.paths, not args.no_progress) as progress:
         report = api.analyze(args.paths, workers=args.workers, progress=progress, warn=warn)
+    if args.price_per_gpu_hour is not None:
+        report = api.with_cost(report, args.price_per_gpu_hour, args.hours)
     fmt = "json" if args.json else args.format
     renderer = renderer_for(fmt, args.out)()
     to_tty = args.out is None and sys.stdout.isatty()

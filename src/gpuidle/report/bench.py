@@ -15,13 +15,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpuidle.advice.calc import CalcLine, CalcReport, CostResult
+from gpuidle.advice.calc import CalcReport
 from gpuidle.bench.allreduce import AllReduceResult, SizeRow
 from gpuidle.bench.common import human_bytes
 from gpuidle.bench.loader import LoaderConfig, LoaderResult
 from gpuidle.bench.net import NetResult
 from gpuidle.bench.storage import StorageResult
 from gpuidle.errors import GpuidleError
+from gpuidle.model import CalcLine, CostResult
 from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct
 
 BAR = 40

@@ -33,6 +33,11 @@ class MarkdownRenderer:
             lines += [f"- communication exposed {ms(c.exposed_s)}, straggler wait {ms(c.straggler_wait_s)}", ""]
         for r in shown:
             lines += self._rank(r)
+        if report.cost is not None:
+            lines += ["### Cost", ""]
+            lines += _table(["", "value", "formula"],
+                            [[x.name.replace("_", " "), x.shown, f"`{x.worked}`"] for x in report.cost.lines])
+            lines += [f"> {n}" for n in report.cost.notes] + [""]
         lines += ["### Top fixes", ""]
         for i, rec in enumerate(report.recommendations[: options.top], 1):
             lines.append(f"{i}. **{rec.title}** — saves {ms(rec.gain.step_s_saved)}/step, utilization after "

@@ -9,7 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpuidle.model import CAUSES, AnalysisReport, DeviceReport, JobReport, RankReport, Recommendation
+from gpuidle.model import CAUSES, AnalysisReport, CostResult, DeviceReport, JobReport, RankReport, Recommendation
 from gpuidle.report.common import (
     DEFAULT_OPTIONS,
     MANY_STEPS,
@@ -117,6 +117,17 @@ def _recommendation(i: int, rec: Recommendation) -> RenderableType:
     return Group(head, gain, ev, fix)
 
 
+def _cost(cost: CostResult) -> RenderableType:
+    t = Table(box=None, header_style="bold", pad_edge=False, title="Cost", title_justify="left",
+              title_style="bold underline")
+    for col in ("", "value", "formula"):
+        t.add_column(col, justify="right" if col == "value" else "left")
+    for line in cost.lines:
+        t.add_row(line.name.replace("_", " "), line.shown, Text(line.worked, style="bright_black"))
+    notes = [Text(f"note: {n}", style="bright_black") for n in cost.notes]
+    return Group(t, *notes)
+
+
 class TerminalRenderer:
     name = "terminal"
     extensions: tuple[str, ...] = (".txt",)
@@ -134,6 +145,8 @@ class TerminalRenderer:
             worst = min(report.ranks, key=lambda r: r.primary().utilization)
             console.print(Text(f"lowest utilization: rank {worst.rank}", style="bold"))
             self._rank(console, worst)
+        if report.cost is not None:
+            console.print(_cost(report.cost))
         recs = report.recommendations[: options.top]
         console.print(Text("Top fixes" if recs else "No fix stands out: no idle cause above its threshold.",
                            style="bold underline"))
