@@ -22,9 +22,10 @@ from gpuidle.advice.rules import rank_by_gain, recommend, straggler_recommendati
 from gpuidle.analysis import compare as comparison
 from gpuidle.analysis import series as step_series
 from gpuidle.analysis.idle import attribute_idle
+from gpuidle.analysis.intervals import Intervals
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
-from gpuidle.analysis.ranks import job_report
+from gpuidle.analysis.ranks import job_report, match_collectives, waiting_intervals
 from gpuidle.analysis.steps import step_window
 from gpuidle.analysis.summary import RankAnalysis, summarize_rank
 from gpuidle.errors import GpuidleError, InputNotFound
@@ -244,19 +245,21 @@ TIMELINE_BINS = 400
 """Slices of the window in a utilization-over-time plot: finer than a page is wide is wasted."""
 
 
-def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS) -> IdleTimeline:
+def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
+                  straggler: dict[int, Intervals] | None = None) -> IdleTimeline:
     """Re-read one trace and return every device's idle intervals with their causes.
 
-    The window, steps and causes are those of :func:`analyze` for this file on its own:
-    in a job, waiting for a slower rank stays ``communication`` here, since telling it
-    apart needs every rank.
+    The window, steps and causes are those of :func:`analyze`. ``straggler`` (per device,
+    the intervals spent waiting for a slower rank, from the job's other ranks) turns that
+    waiting into ``straggler_wait`` as in the job report; without it, it stays
+    ``communication``.
     """
     tl = kineto.read(str(path))
     names = NameClasses.of(tl.strings)
     window = step_window(tl, names)
     bounds = window.bounds
     devices = []
-    for d in attribute_idle(tl, names, window, launcher_rows(tl)):
+    for d in attribute_idle(tl, names, window, launcher_rows(tl), straggler):
         seg_s, seg_e, cause = d.segments
         step_index = np.clip(np.searchsorted(bounds, seg_s, side="right") - 1, 0, bounds.size - 2)
         edges, busy, idle = _bins(d.window, (seg_s, seg_e, cause.astype(np.int64)), bins)
@@ -278,9 +281,12 @@ def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS) -> IdleTimel
     if len(report.ranks) == 1:
         return idle_timeline(report.ranks[0].path, bins)
     worst = min(report.ranks, key=lambda r: (r.primary().utilization, r.rank))
-    tl = idle_timeline(worst.path, bins)
-    note = (f"rank {worst.rank} of {len(report.ranks)}, the lowest utilization ({worst.primary().utilization:.1%}); "
-            "waiting for a slower rank shows here as communication")
+    # waiting for the last rank needs every rank's collectives: analyse the job again
+    analyses = [o.analysis for o in _run([r.path for r in report.ranks], None, None) if o.analysis is not None]
+    mine = next(a for a in analyses if a.report.path == worst.path)
+    waits = waiting_intervals(mine, match_collectives(analyses))
+    tl = idle_timeline(worst.path, bins, {mine.primary_device: waits})
+    note = f"rank {worst.rank} of {len(report.ranks)}, the lowest utilization ({worst.primary().utilization:.1%})"
     return IdleTimeline(path=tl.path, rank=worst.rank, t0_ns=tl.t0_ns, step_numbers=tl.step_numbers,
                         step_bounds=tl.step_bounds, devices=tl.devices, note=note)
 

@@ -45,18 +45,26 @@ class Arrival:
     last: int
 
 
+def _keyed(ra: RankAnalysis) -> list[tuple[int, tuple[int, str, int]]]:
+    """The rank's collectives on its training device, each with its cross-rank key
+    (step number, process group, order within the step and group)."""
+    c = ra.collectives
+    seen: dict[tuple[int, str], int] = defaultdict(int)
+    out = []
+    for i in np.flatnonzero(c.device == ra.primary_device):
+        step = int(ra.step_numbers[c.step[i]]) if ra.step_numbers.size else 0
+        group = c.process_group[i] or "default"
+        out.append((int(i), (step, group, seen[(step, group)])))
+        seen[(step, group)] += 1
+    return out
+
+
 def match_collectives(ranks: list[RankAnalysis]) -> list[Arrival]:
     table: dict[tuple[int, str, int], dict[int, tuple[str, int]]] = defaultdict(dict)
     for ra in ranks:
         c = ra.collectives
-        on = np.flatnonzero(c.device == ra.primary_device)
-        seen: dict[tuple[int, str], int] = defaultdict(int)
-        for i in on:
-            step = int(ra.step_numbers[c.step[i]]) if ra.step_numbers.size else 0
-            group = c.process_group[i] or "default"
-            order = seen[(step, group)]
-            seen[(step, group)] += 1
-            table[(step, group, order)][ra.report.rank] = (c.collective[i], int(c.end[i] - c.start[i]))
+        for i, key in _keyed(ra):
+            table[key][ra.report.rank] = (c.collective[i], int(c.end[i] - c.start[i]))
     out: list[Arrival] = []
     for key, per_rank in sorted(table.items()):
         if len(per_rank) < 2 or len({k for k, _ in per_rank.values()}) != 1:
@@ -68,30 +76,28 @@ def match_collectives(ranks: list[RankAnalysis]) -> list[Arrival]:
     return out
 
 
+def waiting_intervals(ra: RankAnalysis, arrivals: list[Arrival]) -> iv.Intervals:
+    """When this rank's collectives were waiting for the last rank: ``[start, start + wait)`` each."""
+    rank = ra.report.rank
+    wait_of = {a.key: a.waits[rank] for a in arrivals if rank in a.waits}
+    starts, ends = [], []
+    for i, key in _keyed(ra):
+        w = wait_of.get(key, 0)
+        if w > 0:
+            starts.append(int(ra.collectives.start[i]))
+            ends.append(int(ra.collectives.start[i]) + w)
+    return iv.union(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64))
+
+
 def apply_straggler_wait(ra: RankAnalysis, arrivals: list[Arrival]) -> int:
     """Move this rank's exposed waiting from ``communication`` to ``straggler_wait`` in its report.
 
     :return: the ns moved.
     """
-    c = ra.collectives
-    on = np.flatnonzero(c.device == ra.primary_device)
-    rank = ra.report.rank
-    wait_of: dict[tuple[int, str, int], int] = {a.key: a.waits[rank] for a in arrivals if rank in a.waits}
-    seen: dict[tuple[int, str], int] = defaultdict(int)
-    starts, ends = [], []
-    for i in on:
-        step = int(ra.step_numbers[c.step[i]]) if ra.step_numbers.size else 0
-        group = c.process_group[i] or "default"
-        key = (step, group, seen[(step, group)])
-        seen[(step, group)] += 1
-        w = wait_of.get(key, 0)
-        if w > 0:
-            starts.append(int(c.start[i]))
-            ends.append(int(c.start[i]) + w)
+    waiting = waiting_intervals(ra, arrivals)
     seg_s, seg_e, seg_step = ra.exposed_comm
-    if not starts or seg_s.size == 0:
+    if waiting[0].size == 0 or seg_s.size == 0:
         return 0
-    waiting = iv.union(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64))
     cut_s, cut_e, label = iv.label_segments((seg_s, seg_e), [waiting], extra_points=None)
     hit = label == 0
     step_of = seg_step[np.searchsorted(seg_s, cut_s[hit], side="right") - 1]
