@@ -317,6 +317,10 @@ class StepTracker:
                       *(f"device:{p}" for p in [*self._phases, TRACKER_OTHER]),
                       "comm", "exposed", "buckets", "bytes", "samples", "batches", "profiled"]
         self._col = {c: i for i, c in enumerate(self._cols)}
+        names = [*self._phases, TRACKER_OTHER]
+        self._host_col = {p: self._col[f"host:{p}"] for p in names}
+        self._device_col = {p: self._col[f"device:{p}"] for p in names}
+        self._tail = [self._col[c] for c in ("comm", "exposed", "buckets", "bytes", "samples", "batches", "profiled")]
         self._step = 0
         self._step_start: int | None = None
         self._open = _Open()
@@ -554,25 +558,25 @@ class StepTracker:
             for c in work.comm:
                 if c[1] is not None:
                     c[1].synchronize()
-        device: dict[str, int] = {}
-        if self._dev is not None:
-            for name, a, b in work.marks:
-                device[name] = device.get(name, 0) + self._dev.elapsed_ns(a, b)
-            self._dev.release([m for _, a, b in work.marks for m in (a, b)])
-        comm, exposed = self._comm_times(work.comm)
-        self._comm_clock.release([m for c in work.comm for m in c[:2] if m is not None])
         row = [0.0] * len(self._cols)
-        col = self._col
         row[0], row[1], row[2], row[3] = p.step, p.start, p.dur, work.data
+        cols, other = self._host_col, self._host_col[TRACKER_OTHER]
         for name, ns in work.host.items():
-            row[col.get(f"host:{name}", col[f"host:{TRACKER_OTHER}"])] += ns
-        for name, ns in device.items():
-            row[col.get(f"device:{name}", col[f"device:{TRACKER_OTHER}"])] += ns
-        row[col["comm"]], row[col["exposed"]] = comm, exposed
-        row[col["buckets"]] = len(work.comm)
-        row[col["bytes"]] = sum(c[2] for c in work.comm)
-        row[col["samples"]], row[col["batches"]] = work.samples, work.batches
-        row[col["profiled"]] = float(p.profiled)
+            row[cols.get(name, other)] += ns
+        if self._dev is not None and work.marks:
+            cols, other = self._device_col, self._device_col[TRACKER_OTHER]
+            for name, a, b in work.marks:
+                row[cols.get(name, other)] += self._dev.elapsed_ns(a, b)
+            self._dev.release([m for _, a, b in work.marks for m in (a, b)])
+        comm = exposed = nbytes = 0
+        if work.comm:
+            comm, exposed = self._comm_times(work.comm)
+            nbytes = sum(c[2] for c in work.comm)
+            self._comm_clock.release([m for c in work.comm for m in c[:2] if m is not None])
+        tail = self._tail
+        for i, v in zip(tail, (comm, exposed, len(work.comm), nbytes, work.samples, work.batches, p.profiled),
+                        strict=True):
+            row[i] = v
         self._rows.append(row)
 
     def _comm_times(self, buckets: list[list[Any]]) -> tuple[int, int]:
@@ -629,15 +633,13 @@ class StepTracker:
             self._job_dropped += dropped.shape[1]
 
     def _line(self, r: np.ndarray, wait: int) -> TrackerStep:
-        col = self._col
-        names = [*self._phases, TRACKER_OTHER]
+        comm, exposed, buckets, nbytes, samples, batches, profiled = (int(r[i]) for i in self._tail)
         return TrackerStep(
             step=int(r[0]), start_ns=int(r[1]), dur_ns=int(r[2]), data_ns=int(r[3]),
-            phases={p: int(r[col[f"host:{p}"]]) for p in names},
-            device_phases={p: int(r[col[f"device:{p}"]]) for p in names} if self._dev is not None else {},
-            comm_ns=int(r[col["comm"]]), comm_exposed_ns=int(r[col["exposed"]]), straggler_ns=wait,
-            buckets=int(r[col["buckets"]]), bucket_bytes=int(r[col["bytes"]]), samples=int(r[col["samples"]]),
-            batches=int(r[col["batches"]]), profiled=bool(r[col["profiled"]]),
+            phases={p: int(r[i]) for p, i in self._host_col.items()},
+            device_phases={p: int(r[i]) for p, i in self._device_col.items()} if self._dev is not None else {},
+            comm_ns=comm, comm_exposed_ns=exposed, straggler_ns=wait, buckets=buckets, bucket_bytes=nbytes,
+            samples=samples, batches=batches, profiled=bool(profiled),
         )
 
     def _series(self, rank: int, m: np.ndarray, notes: list[str]) -> StepSeries:
