@@ -19,6 +19,7 @@ import numpy as np
 from gpuidle import ledger
 from gpuidle.advice import calc
 from gpuidle.advice.rules import rank_by_gain, recommend, straggler_recommendations
+from gpuidle.advice.utilization import build_report as build_utilization_report
 from gpuidle.analysis import compare as comparison
 from gpuidle.analysis import series as step_series
 from gpuidle.analysis.idle import attribute_idle
@@ -28,6 +29,8 @@ from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.ranks import job_report, match_collectives, waiting_intervals
 from gpuidle.analysis.steps import step_window
 from gpuidle.analysis.summary import RankAnalysis, summarize_rank
+from gpuidle.analysis.utilization import UtilOptions
+from gpuidle.analysis.utilization import analyze as analyze_utilization
 from gpuidle.errors import GpuidleError, InputNotFound
 from gpuidle.model import (
     CAUSES,
@@ -39,10 +42,11 @@ from gpuidle.model import (
     Recommendation,
     Source,
     StepSeries,
+    UtilizationReport,
 )
 from gpuidle.report import annotate
 from gpuidle.report.jsonout import load_report
-from gpuidle.sources import kineto, tracker
+from gpuidle.sources import kineto, smi, tracker
 from gpuidle.sources.jsonstream import TraceStream
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -125,6 +129,14 @@ def analyze(
         job=job,
         recommendations=_merge_across_ranks(recs),
     )
+
+
+def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None,
+                  devices: Sequence[int] | None = None, steps_per_s: float | None = None) -> UtilizationReport:
+    """A utilization log (nvidia-smi CSV or dmon, or gpuidle's own JSONL) in, the utilization summary out."""
+    series = smi.read(path, fields, interval_s)
+    analysis = analyze_utilization(series, UtilOptions(devices=devices, steps_per_s=steps_per_s))
+    return build_utilization_report(series, analysis, steps_per_s)
 
 
 def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 1.0) -> AnalysisReport:

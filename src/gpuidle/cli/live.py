@@ -9,11 +9,9 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
-from gpuidle.advice.utilization import build_report
-from gpuidle.analysis.utilization import UtilOptions, analyze
+from gpuidle import api
 from gpuidle.cli.common import Parser, emit, positive_float, positive_int, warn
 from gpuidle.errors import GpuidleError
 from gpuidle.live.exporter import Exporter, LatestSample
@@ -33,7 +31,6 @@ from gpuidle.live.wrap import CommandNotFound, DeviceUse, Runner, run_monitored
 from gpuidle.model import HostSample, MonitorEnd, MonitorHeader, UtilizationReport
 from gpuidle.report.common import RenderOptions
 from gpuidle.report.utilization import UTIL_RENDERERS, live_line_compact, live_lines, util_renderer_for
-from gpuidle.sources import smi  # noqa: TID251 -- the summary reads the log it wrote, like api.py does
 
 GPU_BACKEND: Callable[[], GpuBackend] = nvml_backend
 """Where GPU samples come from; tests put a recorded backend here."""
@@ -134,14 +131,6 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
 # ----------------------------------------------------------------------------------
 
 
-def summarize_path(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None,
-                   devices: Sequence[int] | None = None, steps_per_s: float | None = None) -> UtilizationReport:
-    """A log file in, the utilization summary out."""
-    series = smi.read(path, fields, interval_s)
-    analysis = analyze(series, UtilOptions(devices=devices, steps_per_s=steps_per_s))
-    return build_report(series, analysis, steps_per_s)
-
-
 def _render(report: UtilizationReport, args: argparse.Namespace, out: str | None) -> None:
     fmt = "json" if args.json else args.format
     renderer = util_renderer_for(fmt, out)()
@@ -151,7 +140,7 @@ def _render(report: UtilizationReport, args: argparse.Namespace, out: str | None
 
 def summarize_command(args: argparse.Namespace) -> int:
     fields = [f for f in args.fields.split(",") if f.strip()] if args.fields else None
-    report = summarize_path(args.path, fields, args.interval, args.devices, args.steps_per_s)
+    report = api.summarize_log(args.path, fields, args.interval, args.devices, args.steps_per_s)
     _render(report, args, args.out)
     return 0
 
@@ -200,7 +189,7 @@ def _exporter(latest: LatestSample, args: argparse.Namespace) -> Iterator[Export
 
 
 def _summarize_log(path: str, args: argparse.Namespace, out: str | None) -> None:
-    report = summarize_path(path, devices=args.devices, steps_per_s=args.steps_per_s)
+    report = api.summarize_log(path, devices=args.devices, steps_per_s=args.steps_per_s)
     _render(report, args, out)
 
 
