@@ -71,7 +71,8 @@ def straggler_split(exposed: npt.ArrayLike) -> I64:
     e = np.asarray(exposed, dtype=np.int64)
     if e.size == 0:
         return e.copy()
-    return (e - e.min(axis=0, keepdims=True)).astype(np.int64)
+    wait: I64 = (e - e.min(axis=0, keepdims=True)).astype(np.int64)
+    return wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +232,8 @@ def rank_stats(series: list[StepSeries]) -> list[RankStats]:
         s = measured(s)
         wall = int(s.dur.sum())
         split = split_steps(s)
-        own = s.dur - s.straggler
-        rows.append((s, wall, split, float(np.median(own)) / 1e9 if len(s) else 0.0))
+        own_s = float(np.median(s.dur - s.straggler)) / 1e9 if len(s) else 0.0
+        rows.append((s, wall, split, own_s))
     fastest = min((own for *_, own in rows if own > 0), default=0.0)
     out = []
     for s, wall, split, own in rows:
@@ -252,13 +253,8 @@ def _aligned(series: list[StepSeries]) -> tuple[I64, list[StepSeries]]:
     common = series[0].step
     for s in series[1:]:
         common = np.intersect1d(common, s.step)
-    out = []
-    for s in series:
-        keep = np.isin(s.step, common)
-        sub = s.select(keep)
-        order = np.argsort(sub.step, kind="stable")
-        out.append(sub.select(order) if not np.array_equal(order, np.arange(order.size)) else sub)
-    return np.asarray(common, dtype=np.int64), out
+    # series hold their steps in order (the tracker writes them so, the reader sorts them)
+    return np.asarray(common, dtype=np.int64), [s.select(np.isin(s.step, common)) for s in series]
 
 
 def _parts(s: StepSeries) -> dict[str, tuple[str, I64]]:

@@ -28,7 +28,7 @@ except ImportError:
 PHASES = ("forward_backward", "optimizer")
 
 
-class GpuidleTrainerCallback(TrainerCallback):  # type: ignore[misc]
+class GpuidleTrainerCallback(TrainerCallback):
     """Times every optimizer step of a ``transformers.Trainer`` with a :class:`StepTracker`.
 
     :param out_dir: the tracker's output folder.

@@ -22,13 +22,13 @@ try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the older package name
     try:
-        from pytorch_lightning.callbacks import Callback
+        from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
     except ImportError:
         raise GpuidleError("the Lightning callback needs PyTorch Lightning",
                            "pip install 'gpuidle[lightning]'") from None
 
 
-class GpuidleLightningCallback(Callback):  # type: ignore[misc]
+class GpuidleLightningCallback(Callback):
     """Times every training batch with a :class:`~gpuidle.live.torch.StepTracker`.
 
     :param out_dir: the tracker's output folder.

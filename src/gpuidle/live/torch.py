@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -125,7 +125,7 @@ class HostClock:
         return _Instant(self._clock())
 
     def elapsed_ns(self, start: Marker, end: Marker) -> int:
-        return end.ns - start.ns  # type: ignore[attr-defined]
+        return cast(_Instant, end).ns - cast(_Instant, start).ns
 
     def release(self, markers: Iterable[Marker]) -> None:
         return None
@@ -138,12 +138,13 @@ class CudaClock:
         self._pool: list[torch.cuda.Event] = []
 
     def mark(self) -> torch.cuda.Event:
-        ev = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
+        ev = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         ev.record()
         return ev
 
     def elapsed_ns(self, start: Marker, end: Marker) -> int:
-        return round(start.elapsed_time(end) * 1e6)  # type: ignore[attr-defined]
+        ms: float = cast(torch.cuda.Event, start).elapsed_time(cast(torch.cuda.Event, end))
+        return round(ms * 1e6)
 
     def release(self, markers: Iterable[Marker]) -> None:
         self._pool.extend(m for m in markers if isinstance(m, torch.cuda.Event))
@@ -213,7 +214,7 @@ class _Phase:
         if t._step_start is None:
             t._step_start = t._clock()
         if t._nvtx:
-            torch.cuda.nvtx.range_push(self._name)
+            _nvtx_push(self._name)
         self._m0 = t._dev.mark() if t._dev is not None else None
         self._t0 = t._clock()
 
@@ -225,7 +226,7 @@ class _Phase:
         if self._m0 is not None and t._dev is not None:
             t._open.marks.append((self._name, self._m0, t._dev.mark()))
         if t._nvtx:
-            torch.cuda.nvtx.range_pop()
+            _nvtx_pop()
 
 
 class StepTracker:
@@ -401,7 +402,7 @@ class StepTracker:
         if self._step_start is None:
             self._step_start = self._clock()
         if self._nvtx:
-            torch.cuda.nvtx.range_push(name)
+            _nvtx_push(name)
         mark = self._dev.mark() if self._dev is not None else None
         self._inflight[name] = (self._clock(), mark)
 
@@ -416,7 +417,7 @@ class StepTracker:
         if m0 is not None and self._dev is not None:
             self._open.marks.append((name, m0, self._dev.mark()))
         if self._nvtx:
-            torch.cuda.nvtx.range_pop()
+            _nvtx_pop()
 
     def add_data_wait(self, ns: int, samples: int = 0, batches: int = 1) -> None:
         """Count ``ns`` of waiting for data in this step, measured by the caller on the same clock."""
@@ -463,7 +464,7 @@ class StepTracker:
                 self._prof.stop()
                 self._prof = None
         if self._nvtx:
-            torch.cuda.nvtx.mark(f"gpuidle step {self._step}")
+            torch.cuda.nvtx.mark(f"gpuidle step {self._step}")  # type: ignore[no-untyped-call]
 
     @property
     def steps_done(self) -> int:
@@ -776,6 +777,14 @@ def timed_hook(
     return gpuidle_timed_hook
 
 
+def _nvtx_push(name: str) -> None:
+    torch.cuda.nvtx.range_push(name)  # type: ignore[no-untyped-call]
+
+
+def _nvtx_pop() -> None:
+    torch.cuda.nvtx.range_pop()  # type: ignore[no-untyped-call]
+
+
 def _alone(rows: np.ndarray) -> np.ndarray:
     return rows[None]
 
@@ -787,7 +796,7 @@ def _exchange_group(group: str | dist.ProcessGroup) -> dist.ProcessGroup | None:
     if group == "default":
         return None
     if group == "gloo" or (group == "auto" and "gloo" not in str(dist.get_backend()).lower()):
-        return dist.new_group(backend="gloo")
+        return cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
     if group == "auto":
         return None
     raise GpuidleError(f"group={group!r}", "use 'auto', 'default', 'gloo' or a ProcessGroup")

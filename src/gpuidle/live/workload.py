@@ -89,7 +89,7 @@ class Mlp(nn.Module):
             x = x + self.extra[0] * 0.0  # used first: its gradient is ready last in backward
         h = self.first(x)
         if self.device_s:
-            h = DeviceTime.apply(h, self.device_s / 3, self.device_s * 2 / 3)
+            h = DeviceTime.apply(h, self.device_s / 3, self.device_s * 2 / 3)  # type: ignore[no-untyped-call]
         out: torch.Tensor = self.rest(h)
         return out
 
@@ -168,7 +168,7 @@ def train(w: Workload, tracker: object | None, steps: int) -> int:
             with t.phase("forward"):
                 loss = _forward(w, x, y)
             with t.phase("backward"):
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
             with t.phase("optimizer"):
                 w.optimizer.step()
                 w.optimizer.zero_grad(set_to_none=True)
@@ -188,7 +188,7 @@ def _forward(w: Workload, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _step(w: Workload, x: torch.Tensor, y: torch.Tensor) -> None:
     x, y = x.to(w.device, non_blocking=True), y.to(w.device, non_blocking=True)
     loss = _forward(w, x, y)
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     w.optimizer.step()
     w.optimizer.zero_grad(set_to_none=True)
     if w.item_sync:
