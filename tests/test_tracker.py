@@ -559,3 +559,19 @@ def test_rank0_keeps_the_last_steps_for_the_summary_and_the_logs_keep_all(tmp_pa
     assert [s.step for s in report.ranks[0].steps] == list(range(20, 30))
     assert any("last 10 steps of 30" in n for n in report.ranks[0].notes)
     assert len(analyze([tmp_path]).ranks[0].steps) == 30
+
+
+def test_a_failed_summary_does_not_crash_the_training_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpuidle.api
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("bad numbers")
+
+    monkeypatch.setattr(gpuidle.api, "analyze_series", broken)
+    clk = FakeClock()
+    lines: list[str] = []
+    tr = StepTracker(tmp_path, device_clock=None, clock=clk, log=lines.append)
+    _loop(tr, clk, None, steps=3, run_ns=0)
+    assert tr.close() is None
+    assert "no job summary (ValueError: bad numbers)" in lines[-1]
+    assert _lines(tmp_path / "rank-0.jsonl")[-1]["type"] == "end"

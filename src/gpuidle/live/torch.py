@@ -701,7 +701,11 @@ class StepTracker:
         self._exchange(final=True)
         self._finish([])
         if self.rank == 0:
-            self.report = self._summarize()
+            try:
+                self.report = self._summarize()
+            except Exception as err:  # the end of a long run is no place to crash: the logs are complete
+                self._log(f"no job summary ({type(err).__name__}: {err}); the rank logs are complete: "
+                          f"gpuidle analyze {self.out_dir}")
         return self.report
 
     def _finish(self, notes: list[str]) -> None:
