@@ -1,0 +1,135 @@
+"""Where ``gpuidle analyze`` spends its time on one trace: stage timings, then cProfile.
+
+Stages, each timed without a profiler (best of ``--repeat``), every one from the file:
+
+1. gunzip: inflate the file in 4 MiB blocks, nothing else;
+2. stream: the reader's chunking (``TraceStream``) with a decoder that does nothing;
+3. decode: the same with the reader's typed msgspec decoder;
+4. read: ``kineto.read``: decode + columns (``_Columns.add``) + numpy arrays;
+5. analyse: ``summarize_rank`` on the timeline read once beforehand;
+6. all: ``api.analyze`` + the JSON renderer, as ``gpuidle analyze --json`` does.
+
+Differences give the share of each part: decode = 3 - 2, columns = 4 - 3,
+advice + render = 6 - 4 - 5. Then ``--cprofile`` runs stage 6 under cProfile and
+prints the top functions by own and by cumulative time (cProfile slows Python code
+more than C calls, so trust the stage shares over its percentages).
+
+    python bench/profile_analyze.py TRACE.json.gz [--repeat 3] [--cprofile]
+    python bench/profile_analyze.py --size-mib 100 --cprofile    # scale the default source first
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchlib import DEFAULT_SOURCE, MIB, OUT, machine
+from scale_trace import copy_bytes, load, scale_trace
+
+
+def _gunzip(path: str) -> int:
+    """Inflate in 4 MiB input blocks and at most 8 MiB of output at a time."""
+    n = 0
+    with open(path, "rb") as f:
+        z = zlib.decompressobj(wbits=47)  # gzip or zlib header
+        while block := f.read(4 << 20):
+            while block:
+                n += len(z.decompress(block, 8 << 20))
+                block = z.unconsumed_tail
+    return n
+
+
+def _stages(path: str) -> dict[str, Callable[[], Any]]:
+    from gpuidle import api
+    from gpuidle.analysis.summary import summarize_rank
+    from gpuidle.report.jsonout import JsonRenderer
+    from gpuidle.sources import kineto
+    from gpuidle.sources.jsonstream import TraceStream
+
+    decode = getattr(kineto, "_decode_chunk", None)
+    timeline = kineto.read(path)
+
+    def stream() -> int:
+        return sum(1 for _ in TraceStream(path, len))
+
+    def decoded() -> int:
+        return sum(len(c) for c in TraceStream(path, decode))
+
+    def everything() -> int:
+        return len(JsonRenderer().render(api.analyze([path])))
+
+    stages: dict[str, Callable[[], Any]] = {"gunzip": lambda: _gunzip(path), "stream": stream}
+    if decode is not None:
+        stages["decode"] = decoded
+    stages["read"] = lambda: kineto.read(path)
+    stages["analyse"] = lambda: summarize_rank(timeline)
+    stages["all"] = everything
+    return stages
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", nargs="?", help="a trace file (default: scale --source to --size-mib)")
+    p.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
+    p.add_argument("--size-mib", type=float, default=100.0)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--cprofile", action="store_true", help="also run the whole analysis under cProfile")
+    p.add_argument("--top", type=int, default=25, help="functions to list from cProfile")
+    args = p.parse_args(argv)
+    made = None
+    if args.trace is None:
+        src = load(args.source)
+        made = Path("/tmp/gpuidle-bench") / f"profile_{args.size_mib:g}MiB.json.gz"
+        res = scale_trace(args.source, made, args.size_mib * MIB / copy_bytes(args.source, source=src), source=src)
+        print(f"wrote {made}: {res.events:,} events, {res.bytes / MIB:.0f} MiB JSON")
+        args.trace = str(made)
+    import gpuidle
+
+    print(f"gpuidle from {Path(gpuidle.__file__).parent}; load {machine()['load_avg']}")
+    stages = _stages(args.trace)
+    best: dict[str, float] = {}
+    for i in range(args.repeat):
+        for name, fn in stages.items():
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            best[name] = min(best.get(name, dt), dt)
+        print(f"  round {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in best.items()), flush=True)
+    total = best["all"]
+    parts = {"gunzip": best["gunzip"], "chunking (stream - gunzip)": best["stream"] - best["gunzip"]}
+    if "decode" in best:
+        parts["msgspec decode (decode - stream)"] = best["decode"] - best["stream"]
+        parts["columns + numpy (read - decode)"] = best["read"] - best["decode"]
+    else:
+        parts["decode + columns (read - stream)"] = best["read"] - best["stream"]
+    parts["analysis (summarize_rank)"] = best["analyse"]
+    parts["advice + JSON render (all - read - analyse)"] = total - best["read"] - best["analyse"]
+    print(f"\nstage shares of 'all' = {total:.3f} s:")
+    for k, v in parts.items():
+        print(f"  {k:45s} {v:7.3f} s  {100 * v / total:5.1f} %")
+    if args.cprofile:
+        prof = cProfile.Profile()
+        prof.runcall(stages["all"])
+        for order in ("tottime", "cumulative"):
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats(order).print_stats(args.top)
+            text = buf.getvalue()
+            print(f"\n--- cProfile by {order} ---")
+            print(text[text.find("   ncalls"):].rstrip())
+            OUT.mkdir(parents=True, exist_ok=True)
+            (OUT / f"profile_{order}.txt").write_text(text, encoding="utf-8")
+    if made is not None:
+        made.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
