@@ -10,7 +10,8 @@ and leave the cores to the communication threads. Each bottleneck is a real one:
 - ``--straggler-rank R --straggler-ms T``: rank R's forward takes T ms longer (a slow device):
   the other ranks wait in the all-reduce, ``straggler_wait``;
 - ``--comm-mb M``: an extra M MiB parameter used first in the forward, so its gradient is
-  ready last and its all-reduce has nothing to overlap: ``communication``;
+  ready last and its all-reduce has nothing to overlap: ``communication`` (the optimizer leaves
+  it alone, so its cost is the all-reduce, not an update of M MiB);
 - ``--item-sync``: ``loss.item()`` every step, a host sync on a GPU (``host_sync``).
 
 Batches are prepared once and served whole (``batch_size=None``), so with no bottleneck
@@ -145,7 +146,8 @@ def setup(args: argparse.Namespace) -> Workload:
     data = Batches(args.steps, args.batch, args.dim, 10, args.item_delay_ms / 1e3, seed=rank)
     loader: DataLoader[tuple[torch.Tensor, torch.Tensor]] = DataLoader(data, batch_size=None, shuffle=False,
                                                                         pin_memory=cuda)
-    return Workload(model=ddp, loader=loader, optimizer=torch.optim.SGD(ddp.parameters(), lr=0.01), device=device,
+    params = [p for name, p in model.named_parameters() if name != "extra"]
+    return Workload(model=ddp, loader=loader, optimizer=torch.optim.SGD(params, lr=0.01), device=device,
                     rank=rank, straggler_s=args.straggler_ms / 1e3 if rank == args.straggler_rank else 0.0,
                     item_sync=args.item_sync)
 
