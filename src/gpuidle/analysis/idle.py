@@ -110,8 +110,8 @@ def feeding_threads(tl: Timeline, launchers: I64, device: int) -> np.ndarray:
     """Host threads that launched work on ``device``; all threads when nothing is linked."""
     rows = launchers[(tl.device_ops.device == device) & (launchers >= 0)]
     if rows.size == 0:
-        return np.unique(tl.host.thread)
-    return np.unique(tl.host.thread[rows])
+        return iv.sorted_unique(tl.host.thread.astype(np.int64))
+    return iv.sorted_unique(tl.host.thread[rows].astype(np.int64))
 
 
 def _device_idle(
@@ -196,7 +196,7 @@ def _launching_ops(tl: Timeline, launchers: I64, candidates: np.ndarray) -> np.n
     """Operators (among ``candidates``) during which their own thread launched device work."""
     host = tl.host
     out = np.zeros(len(host), dtype=bool)
-    launch_rows = np.unique(launchers[launchers >= 0])
+    launch_rows = iv.sorted_unique(launchers[launchers >= 0])
     if launch_rows.size == 0 or not candidates.any():
         return out
     span = int(max(host.end.max(), tl.device_ops.end.max())) + 1

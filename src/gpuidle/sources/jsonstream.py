@@ -25,8 +25,8 @@ from gpuidle.errors import CorruptInput, NotATrace
 
 T = TypeVar("T")
 
-READ_BLOCK = 4 << 20
-CHUNK = 8 << 20
+READ_BLOCK = 1 << 20
+CHUNK = 4 << 20
 HEADER_LIMIT = 256 << 20
 """How far to look for the ``traceEvents`` key before calling the file not a trace."""
 

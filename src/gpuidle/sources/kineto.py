@@ -38,7 +38,7 @@ from gpuidle.sources.jsonstream import TraceStream
 FORMAT = "kineto"
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, gc=False):
     correlation: int = -1
     device: int = -1
     stream: int | str = -1
@@ -53,7 +53,7 @@ class _Args(msgspec.Struct):
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
