@@ -202,6 +202,7 @@ class _Columns:
         self.host: dict[str, list[np.ndarray]] = {k: [] for k in ("ts", "dur", "thread", "kind", "name", "corr")}
         self.coll: dict[str, list[Any]] = {k: [] for k in ("host", "name", "group", "inb", "outb", "size")}
         self.foreign: set[str] = set()
+        self._collective_ids: set[int] = set()
         self.events = 0
         self.hosts = 0
 
@@ -215,10 +216,13 @@ class _Columns:
 
     def add(self, events: list[_Event]) -> None:
         self.events += len(events)
-        code = np.array([_CODE.get(e.cat, -1) if e.ph == "X" else -1 for e in events], dtype=np.int8)
-        if (code < 0).any():
+        code = np.array([_CODE.get(e.cat, -1) for e in events], dtype=np.int8)
+        coded = np.flatnonzero(code >= 0)
+        code[coded[np.array([events[i].ph != "X" for i in coded], dtype=bool)]] = -1  # only complete events
+        if not self.dev["ts"]:  # no GPU activity yet: remember categories of other accelerators
             self.foreign.update(c for c in {e.cat for e in events} if _FOREIGN_ACCELERATOR.match(c))
         sid = self.string_ids
+        known = len(sid)
         dev_rows = np.flatnonzero((code >= 0) & (code < 10))
         if dev_rows.size:
             evs = [events[i] for i in dev_rows]
@@ -239,19 +243,36 @@ class _Columns:
         if host_rows.size:
             evs = [events[i] for i in host_rows]
             h = self.host
-            tids = self.thread_ids
             h["ts"].append(np.array([e.ts for e in evs], dtype=np.float64))
             h["dur"].append(np.array([e.dur for e in evs], dtype=np.float64))
-            h["thread"].append(np.array([tids.setdefault((e.pid, e.tid), len(tids)) for e in evs], dtype=np.int64))
+            h["thread"].append(self._thread_ids(evs))
             kind = code[host_rows] - 10
             h["kind"].append(kind)
-            h["name"].append(np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64))
+            names = np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64)
+            h["name"].append(names)
             corr = np.array([(e.args or _EMPTY_ARGS).correlation for e in evs], dtype=np.int64)
             h["corr"].append(np.where(kind == HostKind.RUNTIME, corr, -1))
-            for i, e in enumerate(evs):
-                if e.args is not None and (e.name == "record_param_comms" or e.name.startswith("nccl:")):
-                    self._collective(self.hosts + i, e.name, e.args)
+            self._collective_ids.update(known + i for i, n in enumerate(list(sid)[known:])
+                                        if n == "record_param_comms" or n.startswith("nccl:"))
+            if self._collective_ids:
+                for i in np.flatnonzero(np.isin(names, list(self._collective_ids))):
+                    e = evs[i]
+                    if e.args is not None:
+                        self._collective(self.hosts + int(i), e.name, e.args)
             self.hosts += len(evs)
+
+    def _thread_ids(self, evs: list[_Event]) -> I64:
+        """Thread index per event. Events come in runs of one thread, so with integer pid/tid the
+        interning is per run, not per event."""
+        tids = self.thread_ids
+        pid = np.array([e.pid for e in evs])
+        tid = np.array([e.tid for e in evs])
+        if pid.dtype.kind != "i" or tid.dtype.kind != "i":
+            return np.array([tids.setdefault((e.pid, e.tid), len(tids)) for e in evs], dtype=np.int64)
+        key = pid.astype(np.int64) * (1 << 32) + (tid.astype(np.int64) & 0xFFFFFFFF)
+        starts = np.concatenate(([0], np.flatnonzero(key[1:] != key[:-1]) + 1))
+        ids = np.array([tids.setdefault((evs[i].pid, evs[i].tid), len(tids)) for i in starts], dtype=np.int64)
+        return np.repeat(ids, np.diff(np.append(starts, key.size)))
 
     def _collective(self, index: int, name: str, a: _Args) -> None:
         size = dtype_bytes(a.dtype) if a.dtype else -1
