@@ -575,3 +575,35 @@ def test_a_failed_summary_does_not_crash_the_training_job(tmp_path: Path, monkey
     assert tr.close() is None
     assert "no job summary (ValueError: bad numbers)" in lines[-1]
     assert _lines(tmp_path / "rank-0.jsonl")[-1]["type"] == "end"
+
+
+def test_watch_ddp_times_the_buckets_and_lets_go_at_close(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 64),
+                                                                              torch.nn.Linear(64, 4)))
+        tr = StepTracker(tmp_path / "run", model=model, device_clock=None, log=lambda _: None)
+        with pytest.raises(GpuidleError, match="already has a comm hook"):
+            tr.watch_ddp(model)
+        x = torch.randn(8, 16)
+        for _ in range(3):
+            with tr.phase("forward"):
+                loss = model(x).square().mean()
+            with tr.phase("backward"):
+                loss.backward()
+            tr.step()
+        report = tr.close()
+        model(x).sum().backward()  # training goes on after close: the hook lets buckets through
+        assert tr._open.comm == []
+    finally:
+        dist.destroy_process_group()
+    steps = _steps(tmp_path / "run" / "rank-0.jsonl")
+    assert all(int(s["buckets"]) >= 1 for s in steps)  # type: ignore[call-overload]
+    assert all(int(s["bucket_bytes"]) == (16 * 64 + 64 + 64 * 4 + 4) * 4 for s in steps)  # type: ignore[call-overload]
+    assert all(0 < int(s["comm_ns"]) < int(s["dur_ns"]) for s in steps)  # type: ignore[call-overload]
+    assert report is not None
+    assert report.ranks[0].communication.collectives[0].collective == "all_reduce"
+    assert _lines(tmp_path / "run" / "rank-0.jsonl")[-1]["comm_hook"] == "allreduce_hook"

@@ -336,6 +336,7 @@ class StepTracker:
         self._next_log = log_every or 0
         self._forced = 0
         self._comm_hook: str | None = None
+        self._sink = _BucketSink(self)
         self._prof: torch.profiler.profile | None = None
         self._prof_steps = range(0)
         self._closed = False
@@ -492,7 +493,7 @@ class StepTracker:
             raise GpuidleError("this DDP model already has a comm hook",
                                "pass it to tracker.watch_ddp(model, state, hook) instead of registering it")
         inner = hook if hook is not None else default_hooks.allreduce_hook
-        model.register_comm_hook(state, timed_hook(inner, self._bucket_ready, self._bucket_done))
+        model.register_comm_hook(state, timed_hook(inner, self._sink.ready, self._sink.done))
         self._comm_hook = getattr(inner, "__name__", type(inner).__name__)
 
     def _bucket_ready(self, buffer: torch.Tensor) -> list[Any]:
@@ -502,6 +503,10 @@ class StepTracker:
 
     def _bucket_done(self, entry: list[Any]) -> None:
         entry[1] = self._comm_clock.mark()
+
+    def _let_go(self) -> None:
+        """After close, DDP's hook passes buckets straight through and no longer holds the tracker."""
+        self._sink.tracker = None
 
     # -- a profiled window -----------------------------------------------------------
 
@@ -697,6 +702,7 @@ class StepTracker:
         if self._prof is not None:
             self._prof.stop()
             self._prof = None
+        self._let_go()
         self._drain(self._step)
         self._exchange(final=True)
         self._finish([])
@@ -741,6 +747,7 @@ class StepTracker:
         elif not self._closed:
             # Another rank may be gone: no collective now. Keep the steps read so far.
             self._closed = True
+            self._let_go()
             self._drain(self._step)
             rows = np.array(self._rows, dtype=np.float64).reshape(len(self._rows), len(self._cols))
             self._write([self._line(r, 0) for r in rows])
@@ -757,26 +764,48 @@ class StepTracker:
 # ----------------------------------------------------------------------------------
 
 
+class _BucketSink:
+    """Where DDP's hook reports buckets: the tracker while it runs, nothing once it closed."""
+
+    __slots__ = ("tracker",)
+
+    def __init__(self, tracker: StepTracker) -> None:
+        self.tracker: StepTracker | None = tracker
+
+    def ready(self, buffer: torch.Tensor) -> list[Any] | None:
+        t = self.tracker
+        return t._bucket_ready(buffer) if t is not None else None
+
+    def done(self, entry: list[Any]) -> None:
+        t = self.tracker
+        if t is not None:
+            t._bucket_done(entry)
+
+
 def timed_hook(
     hook: Callable[..., torch.futures.Future[torch.Tensor]],
-    ready: Callable[[torch.Tensor], list[Any]],
+    ready: Callable[[torch.Tensor], list[Any] | None],
     done: Callable[[list[Any]], None],
 ) -> Callable[..., torch.futures.Future[torch.Tensor]]:
     """``hook`` wrapped so that each bucket is marked when it is handed over and when its future completes.
 
     For CUDA tensors the ``then`` callback runs on streams that wait for the communication,
-    so a device marker recorded there completes with it.
+    so a device marker recorded there completes with it. When ``ready`` returns None the
+    bucket passes straight through, with no callback added.
     """
 
     # No annotations: DDP compares them by identity, and here they would be strings.
     def gpuidle_timed_hook(state, bucket):  # type: ignore[no-untyped-def]
         entry = ready(bucket.buffer())
+        fut = hook(state, bucket)
+        if entry is None:
+            return fut
 
-        def finished(fut):  # type: ignore[no-untyped-def]
+        def finished(f):  # type: ignore[no-untyped-def]
             done(entry)
-            return fut.value()
+            return f.value()
 
-        return hook(state, bucket).then(finished)
+        return fut.then(finished)
 
     return gpuidle_timed_hook
 
