@@ -351,6 +351,37 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
 # ----------------------------------------------------------------------------------
 
 
+def analysis_inputs(report: AnalysisReport) -> list[str]:
+    """The files an analysis read: each trace of each folder it was given."""
+    files: list[str] = []
+    for p in report.source.paths:
+        try:
+            files.extend(find_trace_files(p))
+        except GpuidleError:
+            files.append(p)
+    return files
+
+
+def analysis_facts(report: AnalysisReport) -> ledger.Facts:
+    """What the ledger keeps beside an analysis: GPU model and count, utilization and step time."""
+    summary = comparison.summarize(report)
+    return ledger.Facts(gpu_model=summary.gpu_model, gpu_count=summary.world_size, utilization=summary.utilization,
+                        step_s=summary.step_s)
+
+
+def utilization_facts(report: UtilizationReport) -> ledger.Facts:
+    """What the ledger keeps beside a utilization summary: the GPUs sampled and their mean utilization.
+
+    A run without GPU samples (no NVML, CPU only) has none of these.
+    """
+    devices = report.devices
+    if not devices:
+        return ledger.Facts()
+    names = sorted({d.name for d in devices if d.name})
+    return ledger.Facts(gpu_model=", ".join(names) if names else None, gpu_count=len(devices),
+                        utilization=sum(d.mean_util_pct for d in devices) / len(devices) / 100.0)
+
+
 def record_analysis(
     report: AnalysisReport,
     label: str | None = None,
@@ -360,16 +391,10 @@ def record_analysis(
     kind: str = "analyze",
 ) -> int:
     """Record an analysis in the ledger (default: :func:`gpuidle.ledger.default_path`); return the run id."""
-    files: list[str] = []
-    for p in report.source.paths:
-        try:
-            files.extend(find_trace_files(p))
-        except GpuidleError:
-            files.append(p)
-    summary = comparison.summarize(report)
-    return ledger.record(kind, msgspec.json.encode(report), label, files, notes=notes,
-                         gpu_model=summary.gpu_model, gpu_count=summary.world_size, batch_size=batch_size,
-                         utilization=summary.utilization, step_s=summary.step_s, path=ledger_path)
+    facts = analysis_facts(report)
+    facts.update(ledger.Facts(notes=notes, batch_size=batch_size))
+    return ledger.record(kind, msgspec.json.encode(report), label, analysis_inputs(report), path=ledger_path,
+                         **facts)
 
 
 def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisReport, comparison.RunInfo]:

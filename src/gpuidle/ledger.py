@@ -35,7 +35,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
@@ -48,9 +48,11 @@ APPLICATION_ID = 0x67707569
 BUSY_TIMEOUT_S = 30.0
 """How long a writer waits for another process's transaction before giving up."""
 KINDS = ("analyze", "run", "monitor", "summarize", "tracker", "bench")
-"""What records are: the command that produced the report. Only ``analyze`` reports can be compared."""
-ANALYSIS_KINDS = ("analyze", "run")
-"""Kinds whose report is an :class:`~gpuidle.model.AnalysisReport` (``gpuidle.analysis/1``)."""
+"""What records are: the command that produced the report. Only :data:`ANALYSIS_KINDS` can be compared."""
+ANALYSIS_KINDS = ("analyze", "tracker")
+"""Kinds whose report is an :class:`~gpuidle.model.AnalysisReport` (``gpuidle.analysis/1``).
+
+``run``, ``monitor`` and ``summarize`` record a utilization report, ``bench`` a probe's result."""
 
 MIGRATIONS: list[list[str]] = [
     # 1: runs with their report, and the inputs they read
@@ -91,6 +93,18 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 class LedgerError(GpuidleError):
     """The ledger cannot be opened, read or written."""
+
+
+class Facts(TypedDict, total=False):
+    """What :func:`record` stores beside the report: notes, and the figures history shows and compare checks."""
+
+    notes: str | None
+    gpu_model: str | None
+    gpu_count: int | None
+    batch_size: int | None
+    utilization: float | None
+    """0..1."""
+    step_s: float | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import msgspec
+
 from gpuidle import api
-from gpuidle.cli.common import Parser, emit, positive_float, positive_int, warn
-from gpuidle.cli.history import add_ledger_option, ledger_path
+from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int, record_run, warn
 from gpuidle.errors import GpuidleError
+from gpuidle.ledger import Facts
 from gpuidle.model import AnalysisReport
 from gpuidle.report import html
 from gpuidle.report.common import RenderOptions
@@ -101,14 +103,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace, report: AnalysisReport) -> None:
     """Keep the run in the ledger; a ledger problem is a warning, never a failed analysis."""
-    path = ledger_path(args)
-    if path is None:
-        return
-    try:
-        run_id = api.record_analysis(report, label=args.label, notes=args.notes, batch_size=args.batch_size,
-                                     ledger_path=path)
-    except GpuidleError as err:
-        warn(f"the run was not recorded in the ledger: {err}")
-        return
-    if sys.stderr.isatty():
-        print(f"gpuidle: recorded as run {run_id}" + (f" ({args.label})" if args.label else ""), file=sys.stderr)
+    facts = api.analysis_facts(report)
+    facts.update(Facts(notes=args.notes, batch_size=args.batch_size))
+    record_run(args, "analyze", msgspec.json.encode(report), args.label, api.analysis_inputs(report), **facts)

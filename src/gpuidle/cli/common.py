@@ -1,10 +1,14 @@
-"""Pieces every subcommand shares: the parser class, argument types, output, warnings."""
+"""Pieces every subcommand shares: the parser class, argument types, output, warnings, the ledger."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Unpack
 
+from gpuidle import ledger
 from gpuidle.errors import GpuidleError
 
 
@@ -49,3 +53,45 @@ def emit(text: str, out: str | None) -> None:
             f.write(text)
     except OSError as err:
         raise GpuidleError(f"cannot write {out}: {err.strerror}") from None
+
+
+def add_ledger_option(p: argparse.ArgumentParser, write: bool = True) -> None:
+    """``--ledger PATH`` (and ``--no-ledger`` for commands that record), the same everywhere."""
+    p.add_argument("--ledger", metavar="PATH",
+                   help=f"the ledger file (default: ${ledger.ENV}, else {ledger.default_path()})")
+    if write:
+        p.add_argument("--no-ledger", action="store_true", help="do not record this run in the ledger")
+
+
+def ledger_path(args: argparse.Namespace) -> Path | None:
+    """Where this command records, or None with ``--no-ledger``."""
+    if getattr(args, "no_ledger", False):
+        return None
+    return Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
+
+
+def record_run(
+    args: argparse.Namespace,
+    kind: str,
+    report_json: bytes | str,
+    label: str | None = None,
+    inputs: Sequence[str | Path] = (),
+    **facts: Unpack[ledger.Facts],
+) -> int | None:
+    """Keep the run in the ledger; return its id, or None when not recorded.
+
+    Recording is a side effect: a ledger that cannot be written is one warning line,
+    never a failed command. The run id is said only on a terminal, so scripts that
+    read stderr see nothing new.
+    """
+    path = ledger_path(args)
+    if path is None:
+        return None
+    try:
+        run_id = ledger.record(kind, report_json, label, inputs, path=path, **facts)
+    except GpuidleError as err:
+        warn(f"the run was not recorded in the ledger: {err}")
+        return None
+    if sys.stderr.isatty():
+        print(f"gpuidle: recorded as run {run_id}" + (f" ({label})" if label else ""), file=sys.stderr)
+    return run_id

@@ -12,30 +12,16 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuidle import api, ledger
-from gpuidle.cli.common import Parser, emit, positive_float, positive_int
+from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int
 from gpuidle.report import html
 from gpuidle.report.common import RenderOptions, ms, pct
 from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for
 
 
-def add_ledger_option(p: argparse.ArgumentParser, write: bool = True) -> None:
-    """``--ledger PATH`` (and ``--no-ledger`` for commands that record), the same everywhere."""
-    p.add_argument("--ledger", metavar="PATH",
-                   help=f"the ledger file (default: ${ledger.ENV}, else {ledger.default_path()})")
-    if write:
-        p.add_argument("--no-ledger", action="store_true", help="do not record this run in the ledger")
-
-
-def ledger_path(args: argparse.Namespace) -> Path | None:
-    """Where this command records, or None with ``--no-ledger``."""
-    if getattr(args, "no_ledger", False):
-        return None
-    return Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
-
-
 def register(sub: argparse._SubParsersAction[Parser]) -> None:
     hi = sub.add_parser("history", help="list the runs recorded in the ledger, newest first",
-                        description="Every run gpuidle analyze (and other commands) recorded, newest first.")
+                        description="Every run recorded by analyze, run, monitor, summarize, bench and tune, "
+                                    "newest first.")
     hi.add_argument("--limit", type=positive_int, default=20, help="runs to show (default 20)")
     hi.add_argument("--kind", choices=ledger.KINDS, help="only runs of this kind")
     hi.add_argument("--json", action="store_true", help="print the runs as JSON (without their reports)")
@@ -99,7 +85,7 @@ def run_history(args: argparse.Namespace) -> int:
         emit(msgspec.json.format(msgspec.json.encode(rows).decode(), indent=2) + "\n", None)
         return 0
     if not runs:
-        print(f"no runs recorded in {path} yet (gpuidle analyze records one)")
+        print(f"no runs recorded in {path} yet (gpuidle analyze, run, summarize and bench record them)")
         return 0
     console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 160)
     t = Table(box=None, header_style="bold", pad_edge=False, title=str(path), title_justify="left",
