@@ -23,7 +23,7 @@ is timed on the host around ``next()``; DDP communication by a wrapper around th
 hook that marks each bucket ready and its future done (:meth:`StepTracker.watch_ddp`).
 
 Every ``every`` steps the ranks exchange their finished steps with one small
-``all_gather`` (on a gloo group, so NCCL streams are untouched). Each rank then knows how
+``all_gather`` (on a gloo group of its own, so NCCL streams are untouched). Each rank then knows how
 long it waited for the slowest one and appends its steps to ``rank-<r>.jsonl``; rank 0
 keeps the job view, logs a line every ``log_every`` steps and, at :meth:`StepTracker.close`,
 writes the job summary (the analysis report, ``source.format = "tracker"``) that
@@ -239,8 +239,8 @@ class StepTracker:
     :param phases: phase names with a column of their own; other names add to ``other``.
     :param compute_phases: phases whose time is device work (busy time).
     :param copy_phase: the phase that copies the batch to the device (its host time is ``memcpy``).
-    :param group: ``"auto"`` (the default group if it is gloo, else a new gloo group), ``"default"``,
-        ``"gloo"`` or a process group, for the exchange.
+    :param group: the exchange's group: ``"auto"`` or ``"gloo"`` (a gloo group of its own, made here),
+        ``"default"`` (the default group) or a process group.
     :param nvtx: also open ``torch.cuda.nvtx`` ranges per step and phase, for Nsight Systems.
     :param samples: counts the samples of a batch (default: :func:`batch_size`).
     :param resolve_lag: a step's device markers are waited for when it is this many steps old.
@@ -823,15 +823,18 @@ def _alone(rows: np.ndarray) -> np.ndarray:
 
 
 def _exchange_group(group: str | dist.ProcessGroup) -> dist.ProcessGroup | None:
-    """The group for the exchange: gloo, so that NCCL streams and the GPU are left alone."""
+    """The group for the exchange: by default a gloo group of its own.
+
+    Gloo, so that NCCL streams and the GPU are left alone. Its own group, also when the
+    default group is gloo: sharing it with DDP's all-reduces made processes abort now and
+    then in gloo's teardown at exit (torch 2.13, two ranks on one host).
+    """
     if not isinstance(group, str):
         return group
     if group == "default":
         return None
-    if group == "gloo" or (group == "auto" and "gloo" not in str(dist.get_backend()).lower()):
+    if group in ("auto", "gloo"):
         return cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
-    if group == "auto":
-        return None
     raise GpuidleError(f"group={group!r}", "use 'auto', 'default', 'gloo' or a ProcessGroup")
 
 

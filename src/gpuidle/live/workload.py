@@ -126,6 +126,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--profile", default="", help="profile a window of steps, START:STOP")
     p.add_argument("--no-tracker", action="store_true", help="the same loop without the tracker")
+    p.add_argument("--group", default="auto", choices=["auto", "default", "gloo"], help="the tracker's exchange group")
     return p
 
 
@@ -206,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.no_tracker:
             train(w, None, args.steps)
             return 0
-        tracker = StepTracker(args.out, model=w.model, every=args.every, log_every=args.log_every)
+        tracker = StepTracker(args.out, model=w.model, every=args.every, log_every=args.log_every, group=args.group)
         if args.profile:
             start, stop = (int(x) for x in args.profile.split(":"))
             tracker.profile(range(start, stop))
