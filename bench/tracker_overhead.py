@@ -3,13 +3,14 @@
     python bench/tracker_overhead.py                          # 2 ranks (gloo on CPU, NCCL on GPUs)
     python bench/tracker_overhead.py --nproc 2 --rounds 30 --block 40 --device-ms 20
 
-Both arms run in the same processes on the same data: two identical DDP models, one plain
-(DDP's built-in all-reduce) and one with the tracker (its phases, its loader wrapper, its
-comm hook, the exchange every 50 steps). Blocks of ``--block`` steps alternate A B B A …,
-each started behind a barrier, so drift and other jobs on the machine hit both arms alike.
-The figure is the mean of the per-pair differences of the step time, B against A, with its
-95 % confidence interval: the noise is reported, not hidden. The tracker's own host time per
-step (the same calls on an empty loop, one process) follows, the cost without the noise.
+All arms run in the same processes on the same data: identical DDP models, two plain (A and
+A', DDP's built-in all-reduce) and one with the tracker (B: its phases, its loader wrapper, its
+comm hook, the exchange every 50 steps). Blocks of ``--block`` steps rotate A A' B, B A' A, …,
+each started behind a barrier, so drift and other jobs on the machine hit all arms alike.
+The figure is the mean of the per-round differences of the step time, B against A, with its
+95 % confidence interval; A' against A is the control: two identical arms differ by that
+much on this machine, so a difference below it is not the tracker's. The tracker's own host
+time per step (the same calls on an empty loop, one process) follows, the cost without the noise.
 
 Without a GPU the workload simulates device time by sleeping (``--device-ms``), as in the
 tests. Results go to ``bench/out/tracker_overhead.json``.
@@ -88,17 +89,19 @@ def rank_side(args: argparse.Namespace) -> None:
     wargs = workload.parser().parse_args(["--steps", str(args.block + 1), "--device-ms", str(args.device_ms),
                                           "--batch", str(args.batch), "--width", str(args.width)])
     plain = workload.setup(wargs)
+    control = workload.setup(wargs)
     tracked = workload.setup(wargs)
     rank = dist.get_rank()
     out = tempfile.mkdtemp(prefix="gpuidle-bench-")
     tracker = StepTracker(out, model=tracked.model, log_every=None, log=lambda _: None)
-    for w in (plain, tracked):  # warm-up: DDP rebuilds its buckets after the first steps
+    arms = {"A": plain, "C": control, "B": tracked}
+    for w in arms.values():  # warm-up: DDP rebuilds its buckets after the first steps
         dist.barrier()
         workload.train(w, tracker if w is tracked else None, 5)
-    times: dict[str, list[float]] = {"A": [], "B": []}
+    times: dict[str, list[float]] = {"A": [], "B": [], "C": []}
     for i in range(args.rounds):
-        for arm in ("AB" if i % 2 == 0 else "BA"):
-            w = plain if arm == "A" else tracked
+        for arm in ("ACB" if i % 2 == 0 else "BCA"):
+            w = arms[arm]
             dist.barrier()
             t0 = time.perf_counter_ns()
             n = workload.train(w, tracker if arm == "B" else None, args.block)
@@ -111,12 +114,16 @@ def rank_side(args: argparse.Namespace) -> None:
     pairs = [(b - a) / a for a, b in zip(times["A"], times["B"], strict=True)]
     mean = statistics.fmean(pairs)
     half = t95(len(pairs) - 1) * statistics.stdev(pairs) / math.sqrt(len(pairs))
+    controls = [(c - a) / a for a, c in zip(times["A"], times["C"], strict=True)]
+    control = statistics.fmean(controls)
+    control_half = t95(len(controls) - 1) * statistics.stdev(controls) / math.sqrt(len(controls))
     step_ms = statistics.median(times["A"])
     cost_us = own_cost()
     result = {
         "ranks": int(os.environ.get("WORLD_SIZE", "1")), "rounds": args.rounds, "block_steps": args.block,
         "device_ms": args.device_ms, "step_ms_without": step_ms, "step_ms_with": statistics.median(times["B"]),
         "overhead_mean": mean, "overhead_ci95": half, "overhead_median": statistics.median(pairs),
+        "control_mean": control, "control_ci95": control_half,
         "tracker_host_us_per_step": cost_us,
         "tracker_host_share": cost_us / 1e3 / step_ms, "target": 0.005,
     }
@@ -124,6 +131,7 @@ def rank_side(args: argparse.Namespace) -> None:
           f"{args.rounds} blocks of {args.block} steps each, {result['ranks']} ranks)")
     print(f"overhead {mean * 100:+.2f} % ± {half * 100:.2f} % (95 % CI over {len(pairs)} interleaved pairs); "
           f"target ≤ 0.5 %; median of the pairs {statistics.median(pairs) * 100:+.2f} %")
+    print(f"control: two identical untracked arms differ by {control * 100:+.2f} % ± {control_half * 100:.2f} %")
     print(f"tracker host time {cost_us:.1f} µs/step = {result['tracker_host_share'] * 100:.3f} % of this step")
     OUT.mkdir(exist_ok=True)
     (OUT / "tracker_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
