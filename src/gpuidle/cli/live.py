@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+
+import msgspec
 
 from gpuidle import api
-from gpuidle.cli.common import Parser, emit, positive_float, positive_int, warn
+from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int, record_run, warn
 from gpuidle.errors import GpuidleError
 from gpuidle.live.exporter import Exporter, LatestSample
 from gpuidle.live.monitor import (
@@ -81,6 +84,8 @@ def _summary_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON (same as --format json)")
     p.add_argument("--format", choices=sorted(UTIL_RENDERERS), help="summary format (default: terminal)")
     p.add_argument("--top", type=positive_int, default=3, help="recommendations to show (default 3)")
+    p.add_argument("--label", help="name this run in the ledger, e.g. 'prefetch on' (for gpuidle history)")
+    add_ledger_option(p)
 
 
 def register(sub: argparse._SubParsersAction[Parser]) -> None:
@@ -142,7 +147,16 @@ def summarize_command(args: argparse.Namespace) -> int:
     fields = [f for f in args.fields.split(",") if f.strip()] if args.fields else None
     report = api.summarize_log(args.path, fields, args.interval, args.devices, args.steps_per_s)
     _render(report, args, args.out)
+    _record(args, "summarize", report, [args.path])
     return 0
+
+
+def _record(args: argparse.Namespace, kind: str, report: UtilizationReport, inputs: Sequence[str] = (),
+            notes: str | None = None) -> None:
+    """Keep the summary in the ledger, with the GPUs it covers; a ledger problem is only a warning."""
+    facts = api.utilization_facts(report)
+    facts["notes"] = notes
+    record_run(args, kind, msgspec.json.encode(report), args.label, inputs, **facts)
 
 
 # ----------------------------------------------------------------------------------
@@ -188,9 +202,24 @@ def _exporter(latest: LatestSample, args: argparse.Namespace) -> Iterator[Export
         exp.close()
 
 
-def _summarize_log(path: str, args: argparse.Namespace, out: str | None) -> None:
+def _summarize_log(path: str, args: argparse.Namespace, out: str | None) -> UtilizationReport:
     report = api.summarize_log(path, devices=args.devices, steps_per_s=args.steps_per_s)
     _render(report, args, out)
+    return report
+
+
+def _monitor_summary(path: str, args: argparse.Namespace) -> UtilizationReport | None:
+    """The summary printed at the end; with ``--no-summary``, computed for the ledger only, where
+    a log too short to summarise is a warning rather than an error."""
+    if not args.no_summary:
+        return _summarize_log(path, args, None)
+    if args.no_ledger:
+        return None
+    try:
+        return api.summarize_log(path, devices=args.devices, steps_per_s=args.steps_per_s)
+    except GpuidleError as err:
+        warn(f"the run was not recorded in the ledger: {err}")
+        return None
 
 
 def monitor_command(args: argparse.Namespace) -> int:
@@ -232,8 +261,9 @@ def monitor_command(args: argparse.Namespace) -> int:
                 writer.close(MonitorEnd(t=monitor.clock.time(), samples=writer.samples, notes=monitor.notes()))
         if keep:
             print(f"gpuidle: {writer.samples} samples written to {path}", file=sys.stderr)
-        if not args.no_summary:
-            _summarize_log(path, args, None)
+        report = _monitor_summary(path, args)
+        if report is not None:
+            _record(args, "monitor", report, [path] if keep else [])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -304,10 +334,13 @@ def run_command(args: argparse.Namespace) -> int:
                             devices=devices, notes=notes))
     print(f"gpuidle: the command exited with code {result.exit_code}; {writer.samples} samples in {path}",
           file=sys.stderr)
+    report: UtilizationReport | None = None
     try:
-        _summarize_log(path, args, args.summary)
+        report = _summarize_log(path, args, args.summary)
     except GpuidleError as err:
         warn(f"no summary: {err}")
     except Exception as err:  # the command's exit code matters more than the summary
         warn(f"no summary ({type(err).__name__}: {err})")
+    if report is not None:
+        _record(args, "run", report, [path], notes=shlex.join(cmd))
     return result.exit_code
