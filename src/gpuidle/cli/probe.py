@@ -2,23 +2,26 @@
 
 ``bench allreduce`` and ``bench net`` run on every rank under torchrun
 (``torchrun ... -m gpuidle bench allreduce``) and print on rank 0; standalone they
-spawn ``--nproc`` local ranks.
+spawn ``--nproc`` local ranks. Every bench and tune result is recorded in the ledger
+(kind ``bench``), by rank 0 only under a launcher; ``cost`` computes, it measures nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import msgspec
 
 from gpuidle.advice import calc
-from gpuidle.cli.common import Parser, emit, positive_float, positive_int, warn
+from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int, record_run, warn
 from gpuidle.errors import GpuidleError
+from gpuidle.ledger import Facts
 from gpuidle.report.common import RenderOptions
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
@@ -60,6 +63,8 @@ def _output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the JSON result")
     p.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout (JSON if FILE ends in .json)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument("--label", help="name this result in the ledger, e.g. 'after the NCCL upgrade'")
+    add_ledger_option(p)
 
 
 def _ranks(p: argparse.ArgumentParser) -> None:
@@ -178,6 +183,36 @@ def _print(result: msgspec.Struct, args: argparse.Namespace) -> int:
     return 0
 
 
+def _rank() -> int:
+    """This process's rank under a launcher (``RANK``), else 0."""
+    try:
+        return int(os.environ.get("RANK") or 0)
+    except ValueError:
+        return 0
+
+
+def _bench_facts(result: msgspec.Struct) -> Facts:
+    """GPU model and count of a result measured on GPUs, the batch size of a loader sweep."""
+    facts = Facts()
+    if getattr(result, "device", None) == "cuda":
+        facts["gpu_model"] = getattr(result, "device_name", None)
+        facts["gpu_count"] = getattr(result, "world_size", None)
+    batch = getattr(result, "batch_size", None)
+    if isinstance(batch, int):
+        facts["batch_size"] = batch
+    return facts
+
+
+def _record(args: argparse.Namespace, result: msgspec.Struct, inputs: Sequence[str | None] = (),
+            notes: str | None = None) -> None:
+    """Keep the result in the ledger (kind ``bench``); under a launcher, rank 0 alone records it."""
+    if _rank() != 0:
+        return
+    facts = _bench_facts(result)
+    facts["notes"] = notes
+    record_run(args, "bench", msgspec.json.encode(result), args.label, [f for f in inputs if f], **facts)
+
+
 @contextmanager
 def _progress(args: argparse.Namespace, label: str) -> Iterator[Callable[[str, int, int], None] | None]:
     """A rich progress bar on stderr, on a terminal only."""
@@ -223,7 +258,9 @@ def run_allreduce(args: argparse.Namespace) -> int:
         return 0
     if report is not None:
         result = ar.with_comparison(result, report)
-    return _print(result, args)
+    _print(result, args)
+    _record(args, result, [args.compare])
+    return 0
 
 
 def run_net(args: argparse.Namespace) -> int:
@@ -234,7 +271,11 @@ def run_net(args: argparse.Namespace) -> int:
     with _progress(args, "bench net") as progress:
         result = net.run_net(cfg, nproc=None if launched else args.nproc, device=args.device,
                              timeout_s=args.timeout_s, progress=progress)
-    return 0 if result is None else _print(result, args)
+    if result is None:  # a rank other than 0 under torchrun: rank 0 prints
+        return 0
+    _print(result, args)
+    _record(args, result)
+    return 0
 
 
 def run_storage(args: argparse.Namespace) -> int:
@@ -243,12 +284,12 @@ def run_storage(args: argparse.Namespace) -> int:
     with _progress(args, "bench storage") as progress:
         result = bench_storage(args.path, budget_s=args.budget_s, block_bytes=args.block, drop_cache=args.drop_cache,
                                max_files=args.max_files, progress=progress)
-    return _print(result, args)
+    _print(result, args)
+    _record(args, result, notes=f"bench storage {result.path}")  # the dataset itself is not hashed: too big
+    return 0
 
 
 def run_tune_loader(args: argparse.Namespace) -> int:
-    import os
-
     from gpuidle.bench import loader
     from gpuidle.bench.common import read_analysis_report
 
@@ -271,7 +312,9 @@ def run_tune_loader(args: argparse.Namespace) -> int:
                                     target_batches_per_s=target, target_source=source, workers=args.workers,
                                     local_ranks=local, variants=not args.no_variants, collate_fn=collate,
                                     sampler=sampler, dataset_name=args.dataset, progress=progress)
-    return _print(result, args)
+    _print(result, args)
+    _record(args, result, [args.target_from], notes=f"tune loader {args.dataset}")
+    return 0
 
 
 def run_cost(args: argparse.Namespace) -> int:
