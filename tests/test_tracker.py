@@ -607,3 +607,30 @@ def test_watch_ddp_times_the_buckets_and_lets_go_at_close(tmp_path: Path) -> Non
     assert report is not None
     assert report.ranks[0].communication.collectives[0].collective == "all_reduce"
     assert _lines(tmp_path / "run" / "rank-0.jsonl")[-1]["comm_hook"] == "allreduce_hook"
+
+
+def test_the_job_summary_is_recorded_in_the_ledger(tmp_path: Path) -> None:
+    from gpuidle.ledger import Ledger
+
+    book = tmp_path / "ledger.sqlite"
+    clk = FakeClock()
+    tr = StepTracker(tmp_path / "run", device_clock=None, clock=clk, log_every=None, log=lambda _: None,
+                     label="baseline", ledger=book)
+    _loop(tr, clk, None, steps=4, run_ns=0)
+    report = tr.close()
+    assert report is not None
+    with Ledger(book) as ledger:
+        (run,) = ledger.runs()
+    assert run.kind == "tracker"
+    assert run.label == "baseline"
+    assert load_report(run.report).source.format == report.source.format
+
+
+def test_no_ledger_record_when_asked(tmp_path: Path) -> None:
+    book = tmp_path / "ledger.sqlite"
+    clk = FakeClock()
+    tr = StepTracker(tmp_path / "run", device_clock=None, clock=clk, log_every=None, log=lambda _: None,
+                     ledger=False)
+    _loop(tr, clk, None, steps=2, run_ns=0)
+    tr.close()
+    assert not book.exists()

@@ -249,6 +249,9 @@ class StepTracker:
     :param log: where rank 0's lines go (default: stderr).
     :param summary_steps: rank 0 keeps every rank's last this many steps for the job summary; the
         rank logs keep them all.
+    :param label: the name of this run in the ledger (for ``gpuidle compare``).
+    :param ledger: rank 0 records the job summary in the run ledger: True (the default ledger),
+        a path, or False (no record).
     """
 
     def __init__(
@@ -272,10 +275,14 @@ class StepTracker:
         world_size: int | None = None,
         log: Callable[[str], None] | None = None,
         summary_steps: int = 5000,
+        label: str | None = None,
+        ledger: str | os.PathLike[str] | bool = True,
     ) -> None:
         if every < 1 or resolve_lag < 0 or (log_every is not None and log_every < 1):
             raise GpuidleError(f"every={every}, log_every={log_every}, resolve_lag={resolve_lag}",
                                "every and log_every must be at least 1, resolve_lag at least 0")
+        self._label = label
+        self._ledger = ledger
         self._clock = clock
         self._t0 = clock()
         self._every = every
@@ -736,7 +743,20 @@ class StepTracker:
         (self.out_dir / TRACKER_SUMMARY).write_text(text, encoding="utf-8")
         for line in job_view(report, series, str(self.out_dir)):
             self._log(line)
+        self._record(text)
         return report
+
+    def _record(self, text: str) -> None:
+        """Keep the job summary in the run ledger (``ledger=False`` skips; a path picks the file)."""
+        if self._ledger is False:
+            return
+        from gpuidle import ledger
+
+        try:
+            ledger.record("tracker", text, label=self._label, inputs=[self.out_dir / TRACKER_SUMMARY],
+                          path=None if self._ledger is True else self._ledger)
+        except GpuidleError as err:
+            self._log(f"the job summary was not recorded in the ledger: {err}")
 
     def __enter__(self) -> StepTracker:
         return self
