@@ -130,38 +130,51 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int]) -> JobReport:
     if missing:
         notes.append(f"{len(found)} of {world} ranks present: waits are relative to the ranks present")
     arrivals = match_collectives(ranks)
-    moved = {ra.report.rank: apply_straggler_wait(ra, arrivals) for ra in ranks}
+    for ra in ranks:
+        apply_straggler_wait(ra, arrivals)
 
     own = {r.rank: _own_step_times(r) for r in reports}
     medians = {rank: float(np.median(t)) for rank, t in own.items() if t.size}
     fastest = min(medians.values()) if medians else 0.0
-    step_means = [float(np.mean([s.dur_s for s in r.steps])) for r in reports if r.steps]
-    skew = (max(step_means) / float(np.median(step_means))) if step_means and np.median(step_means) > 0 else None
-
     last_by_step: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     for a in arrivals:
         last_by_step[a.step][a.last] += max(a.waits.values())
     stragglers = _stragglers(reports, last_by_step, medians, fastest)
 
+    return JobReport(
+        world_size=world, ranks_found=found, missing_ranks=missing, duplicate_ranks=duplicates,
+        step_skew=step_skew(reports), rank_table=rank_table(reports), stragglers=stragglers,
+        communication=job_communication(reports), notes=notes, steps=_job_steps(reports, last_by_step),
+    )
+
+
+def step_skew(reports: list[RankReport]) -> float | None:
+    """Max / median over ranks of the mean step time."""
+    means = [float(np.mean([s.dur_s for s in r.steps])) for r in reports if r.steps]
+    median = float(np.median(means)) if means else 0.0
+    return max(means) / median if median > 0 else None
+
+
+def rank_table(reports: list[RankReport]) -> list[RankRow]:
+    """One row per rank: mean step time, utilization, largest idle cause."""
     rows = []
     for r in sorted(reports, key=lambda r: r.rank):
         d = r.primary()
         top = max(d.idle_by_cause_s.items(), key=lambda kv: kv[1])[0] if d.idle_s > 0 else "none"
         rows.append(RankRow(rank=r.rank, step_s=float(np.mean([s.dur_s for s in r.steps])) if r.steps else 0.0,
                             utilization=d.utilization, top_cause=top))
+    return rows
+
+
+def job_communication(reports: list[RankReport]) -> JobCommunication:
+    """Exposed communication and straggler wait summed over ranks; overlap weighted by collective time."""
     comm_s = sum(r.communication.comm_s for r in reports)
     overlap = sum((r.communication.overlap_ratio or 0.0) * r.communication.comm_s for r in reports)
-    return JobReport(
-        world_size=world, ranks_found=found, missing_ranks=missing, duplicate_ranks=duplicates,
-        step_skew=skew, rank_table=rows, stragglers=stragglers,
-        communication=JobCommunication(
-            exposed_s=sum(r.primary().idle_by_cause_s[Cause.COMMUNICATION.value] for r in reports),
-            straggler_wait_s=sum(moved.values()) / 1e9,
-            overlap_ratio=overlap / comm_s if comm_s else None,
-            collectives=_merge_collectives(reports),
-        ),
-        notes=notes,
-        steps=_job_steps(reports, last_by_step),
+    return JobCommunication(
+        exposed_s=sum(r.primary().idle_by_cause_s[Cause.COMMUNICATION.value] for r in reports),
+        straggler_wait_s=sum(r.primary().idle_by_cause_s[Cause.STRAGGLER_WAIT.value] for r in reports),
+        overlap_ratio=overlap / comm_s if comm_s else None,
+        collectives=_merge_collectives(reports),
     )
 
 

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuidle.analysis.comm import size_bucket
-from gpuidle.analysis.ranks import PERSISTENT_SCORE
+from gpuidle.analysis.ranks import PERSISTENT_SCORE, job_communication, rank_table, step_skew
 from gpuidle.model import (
     CAUSES,
     I64,
@@ -40,12 +40,10 @@ from gpuidle.model import (
     CollectiveStat,
     CommReport,
     DeviceReport,
-    JobCommunication,
     JobReport,
     JobStep,
     KernelFacts,
     RankReport,
-    RankRow,
     StepReport,
     StepSeries,
     Straggler,
@@ -338,26 +336,11 @@ def job_report(series: list[StepSeries], reports: list[RankReport], duplicates: 
                     f"{float(lateness[hit].mean()) / 1e6:.2f} ms on average",
             ))
     notes.extend(_sharding_notes(list(stats.values())))
-    means = [float(np.mean([x.dur_s for x in r.steps])) for r in reports if r.steps]
-    skew = max(means) / float(np.median(means)) if means and np.median(means) > 0 else None
-    rows = []
-    for r in sorted(reports, key=lambda r: r.rank):
-        d = r.primary()
-        top = max(d.idle_by_cause_s.items(), key=lambda kv: kv[1])[0] if d.idle_s > 0 else "none"
-        rows.append(RankRow(rank=r.rank, step_s=float(np.mean([x.dur_s for x in r.steps])) if r.steps else 0.0,
-                            utilization=d.utilization, top_cause=top))
-    comm = sum(r.communication.comm_s for r in reports)
-    overlap = sum((r.communication.overlap_ratio or 0.0) * r.communication.comm_s for r in reports)
     return JobReport(
         world_size=world, ranks_found=found, missing_ranks=missing, duplicate_ranks=list(duplicates or []),
-        step_skew=skew, rank_table=rows, stragglers=sorted(stragglers, key=lambda x: -x.lateness_s),
-        communication=JobCommunication(
-            exposed_s=sum(r.primary().idle_by_cause_s[Cause.COMMUNICATION.value] for r in reports),
-            straggler_wait_s=sum(r.primary().idle_by_cause_s[Cause.STRAGGLER_WAIT.value] for r in reports),
-            overlap_ratio=overlap / comm if comm else None,
-            collectives=_merge_collectives(reports),
-        ),
-        notes=notes, steps=job_steps,
+        step_skew=step_skew(reports), rank_table=rank_table(reports),
+        stragglers=sorted(stragglers, key=lambda x: -x.lateness_s),
+        communication=job_communication(reports), notes=notes, steps=job_steps,
     )
 
 

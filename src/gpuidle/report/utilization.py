@@ -15,9 +15,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gpuidle.errors import GpuidleError
 from gpuidle.model import DeviceUtil, GpuInfo, GpuSample, HostSample, HostUtil, UtilizationReport
 from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, ranges
+from gpuidle.report.registry import pick
 
 BAR = 24
 
@@ -204,15 +204,7 @@ UTIL_RENDERERS: dict[str, type[UtilRenderer]] = {
 
 
 def util_renderer_for(name: str | None = None, path: str | None = None) -> type[UtilRenderer]:
-    if name:
-        if name not in UTIL_RENDERERS:
-            raise GpuidleError(f"unknown format {name!r}", f"choose one of {', '.join(UTIL_RENDERERS)}")
-        return UTIL_RENDERERS[name]
-    if path:
-        for r in UTIL_RENDERERS.values():
-            if path.endswith(r.extensions):
-                return r
-    return UtilTerminalRenderer
+    return pick(UTIL_RENDERERS, UtilTerminalRenderer, name, path)
 
 
 # ----------------------------------------------------------------------------------
