@@ -137,7 +137,7 @@ class Run:
     report: str
 
     def analysis(self) -> AnalysisReport:
-        """The recorded report as an :class:`AnalysisReport`, for ``analyze`` and ``run`` records."""
+        """The recorded report as an :class:`AnalysisReport`, for the :data:`ANALYSIS_KINDS` records."""
         if self.kind not in ANALYSIS_KINDS:
             raise LedgerError(f"run {self.id} is a {self.kind} record, not an analysis report",
                               "compare runs recorded by gpuidle analyze")

@@ -43,6 +43,11 @@ class UtilRuleInput:
         steps = w * self.steps_per_s if self.steps_per_s else 0.0
         return Gain(step_s_saved=idle_removed_s / steps if steps else 0.0, utilization_after=after)
 
+    def rec(self, f: UtilFinding, *, id: str, cause: str, title: str, fix: str, confidence: str) -> Recommendation:
+        """A recommendation from one finding: its evidence, and the gain of removing its idle time."""
+        return Recommendation(id=id, cause=cause, title=title, evidence=self.evidence(f), fix=fix,
+                              gain=self.gain(f.seconds), confidence=confidence)
+
     def evidence(self, f: UtilFinding) -> dict[str, object]:
         ev: dict[str, object] = {"finding": f.summary, **f.evidence}
         if f.device is not None:
@@ -54,23 +59,22 @@ class UtilRuleInput:
 
 UtilRule = Callable[[UtilRuleInput], list[Recommendation]]
 EXPLAINED = ("input_bound", "waiting_comm_or_io", "periodic_drops")
+"""Findings whose idle time a larger batch would not remove."""
 LOW_UTIL = 0.8
 """Below this mean utilization, idle the counters cannot explain earns a pointer to the tools that can."""
-"""Findings whose idle time a larger batch would not remove."""
 
 
 def input_pipeline(x: UtilRuleInput) -> list[Recommendation]:
-    return [Recommendation(
-        id="input_pipeline_cpu", cause=Cause.DATA_LOADING.value,
+    return [x.rec(
+        f, id="input_pipeline_cpu", cause=Cause.DATA_LOADING.value,
         title="GPUs wait while every CPU core is busy: make each sample cheaper to prepare",
-        evidence=x.evidence(f),
         fix="# the cores are saturated, so more DataLoader workers will not help; cut CPU work per sample:\n"
             "#  - decode and augment on the GPU (torchvision.transforms.v2 on CUDA tensors, or NVIDIA DALI)\n"
             "#  - preprocess once, offline (resized, tokenized, packed shards), not at every epoch\n"
             "#  - keep workers from oversubscribing cores: torch.set_num_threads(1) in worker_init_fn\n"
             "loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=os.cpu_count() // gpus,\n"
             "                                     pin_memory=True, persistent_workers=True, prefetch_factor=4)",
-        gain=x.gain(f.seconds), confidence="medium",
+        confidence="medium",
     ) for f in x.find("input_bound")]
 
 
@@ -78,22 +82,20 @@ def comm_or_io(x: UtilRuleInput) -> list[Recommendation]:
     out = []
     for f in x.find("waiting_comm_or_io"):
         if f.evidence.get("storage_io"):
-            out.append(Recommendation(
-                id="storage_io", cause=Cause.DATA_LOADING.value,
+            out.append(x.rec(
+                f, id="storage_io", cause=Cause.DATA_LOADING.value,
                 title="GPUs and CPU wait together while the disks read: the input is I/O bound",
-                evidence=x.evidence(f),
                 fix="# read ahead of the GPU: more workers hide latency when the CPU is idle\n"
                     "loader = torch.utils.data.DataLoader(dataset, ..., num_workers=16, prefetch_factor=8,\n"
                     "                                     persistent_workers=True, pin_memory=True)\n"
                     "# and stage the data on local NVMe (or page cache) instead of network storage;\n"
                     "# fewer, larger files (WebDataset/tar shards) read sequentially",
-                gain=x.gain(f.seconds), confidence="medium",
+                confidence="medium",
             ))
             continue
-        out.append(Recommendation(
-            id="profile_comm_or_io", cause=Cause.COMMUNICATION.value,
+        out.append(x.rec(
+            f, id="profile_comm_or_io", cause=Cause.COMMUNICATION.value,
             title="GPUs and CPU idle together: the job waits on communication or I/O; profile a few steps",
-            evidence=x.evidence(f),
             fix="# one profile tells communication from input: record 3 steps, then `gpuidle analyze run/traces/`\n"
                 "with torch.profiler.profile(\n"
                 "    activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],\n"
@@ -104,7 +106,7 @@ def comm_or_io(x: UtilRuleInput) -> list[Recommendation]:
                 "        train_step(batch)\n"
                 "        prof.step()\n"
                 "# NCCL_DEBUG=INFO shows the transport (NVLink, IB, or slow sockets)",
-            gain=x.gain(f.seconds), confidence="low",
+            confidence="low",
         ))
     return out
 
@@ -113,32 +115,30 @@ def periodic_stall(x: UtilRuleInput) -> list[Recommendation]:
     out = []
     for f in x.find("periodic_drops"):
         period = f.evidence.get("period_s")
-        out.append(Recommendation(
-            id="periodic_stall", cause=Cause.UNATTRIBUTED.value,
+        out.append(x.rec(
+            f, id="periodic_stall", cause=Cause.UNATTRIBUTED.value,
             title=f"Something stops the GPUs every {period} s: checkpointing, evaluation or logging?",
-            evidence=x.evidence(f),
             fix="# match the period to what your loop does every N steps, then take it off the critical path:\n"
                 "import torch.distributed.checkpoint as dcp\n"
                 "future = dcp.async_save(model.state_dict(), checkpoint_id=f\"ckpt/step{step}\")  # saves in the "
                 "background\n"
                 "# evaluate less often or in a separate job; log from rank 0 only, and without .item() each step;\n"
                 "# Python GC pauses: gc.freeze() after setup, or gc.disable() and gc.collect() every N steps",
-            gain=x.gain(f.seconds), confidence="medium",
+            confidence="medium",
         ))
     return out
 
 
 def imbalance(x: UtilRuleInput) -> list[Recommendation]:
-    return [Recommendation(
-        id="device_imbalance", cause=Cause.STRAGGLER_WAIT.value,
+    return [x.rec(
+        f, id="device_imbalance", cause=Cause.STRAGGLER_WAIT.value,
         title=f"Device {f.evidence['lowest_device']} is busy less than device {f.evidence['highest_device']}: "
               f"uneven work, or a slower GPU",
-        evidence=x.evidence(f),
         fix="# equal work per rank: DistributedSampler(dataset, drop_last=True), and batches of similar\n"
             "# length (bucket sequences by length); a slower GPU: nvidia-smi -q -d PERFORMANCE on that device\n"
             "# (clocks, throttle reasons); one process driving several GPUs: DistributedDataParallel,\n"
             "# not DataParallel",
-        gain=x.gain(f.seconds), confidence="low",
+        confidence="low",
     ) for f in x.find("imbalance")]
 
 

@@ -29,13 +29,25 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def positive_float(text: str) -> float:
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} must be above 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A share from 0 to 1, e.g. a utilization."""
+    value = _number(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is outside 0..1 (give 0.55 for 55 %)")
     return value
 
 

@@ -52,23 +52,6 @@ def _when(iso: str) -> str:
         return iso
 
 
-class _RunRow(msgspec.Struct):
-    id: int
-    kind: str
-    created: str
-    label: str | None
-    notes: str | None
-    host: str | None
-    gpu_model: str | None
-    gpu_count: int | None
-    batch_size: int | None
-    git_commit: str | None
-    git_dirty: bool | None
-    utilization: float | None
-    step_s: float | None
-    inputs: list[dict[str, object]]
-
-
 def run_history(args: argparse.Namespace) -> int:
     path = Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
     if not path.exists():
@@ -77,11 +60,7 @@ def run_history(args: argparse.Namespace) -> int:
         with ledger.Ledger(path) as book:
             runs = book.runs(limit=args.limit, kind=args.kind)
     if args.json:
-        rows = [_RunRow(id=r.id, kind=r.kind, created=r.created, label=r.label, notes=r.notes, host=r.host,
-                        gpu_model=r.gpu_model, gpu_count=r.gpu_count, batch_size=r.batch_size,
-                        git_commit=r.git_commit, git_dirty=r.git_dirty, utilization=r.utilization, step_s=r.step_s,
-                        inputs=[{"path": f.path, "size": f.size, "sha256": f.sha256} for f in r.inputs])
-                for r in runs]
+        rows = [{k: v for k, v in msgspec.to_builtins(r).items() if k != "report"} for r in runs]
         emit(msgspec.json.format(msgspec.json.encode(rows).decode(), indent=2) + "\n", None)
         return 0
     if not runs:

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from gpuidle.advice import calc
-from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int, record_run, warn
+from gpuidle.cli.common import Parser, add_ledger_option, emit, fraction, positive_float, positive_int, record_run, warn
 from gpuidle.errors import GpuidleError
 from gpuidle.ledger import Facts
 from gpuidle.report.common import RenderOptions
@@ -36,16 +36,6 @@ def byte_size(text: str) -> int:
     value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte")
-    return value
-
-
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{value} is outside 0..1 (give 0.55 for 55 %)")
     return value
 
 
