@@ -91,3 +91,28 @@ def test_idle_causes_match_reference_at_sampled_instants(name: str) -> None:
         # every segment boundary too: the first instant of each segment
         for i in range(0, len(s), max(1, len(s) // 200)):
             assert at(int(s[i])) == CAUSES[int(cause[i])].value, (name, device, int(s[i]))
+
+
+@pytest.mark.parametrize("name", ["nccl_parser_config__nccl_data.json.gz",
+                                  "negative_queue_length_values_check__rank0.json.gz"])
+def test_kernel_facts_and_collective_histogram_match_reference(name: str) -> None:
+    """Kernel count, time, short-kernel share and the collective size histogram, recomputed plainly."""
+    path = DATA / name
+    t = ref.parse(path)
+    lo, hi = ref.window(t)
+    kernels = [o for o in t.device_ops if o.cat in ("kernel", "Kernel") and not ref.COLLECTIVE.search(o.name)
+               and lo <= o.start < hi]
+    total = sum(o.end - o.start for o in kernels)
+    short = sum(o.end - o.start for o in kernels if o.end - o.start < 10_000)
+    (rank,) = analyze([path]).ranks
+    k = rank.kernels
+    assert k.count == len(kernels)
+    assert k.total_s == pytest.approx(total / 1e9, abs=1e-9)
+    assert k.short_kernel_share == pytest.approx(short / total)
+    assert k.short_kernel_count == sum(1 for o in kernels if o.end - o.start < 10_000)
+    top = max({o.name for o in kernels}, key=lambda n: sum(o.end - o.start for o in kernels if o.name == n))
+    assert k.top[0].name == top
+    coll = [o for o in t.device_ops if ref.COLLECTIVE.search(o.name) and o.start < hi and o.end > lo]
+    assert sum(c.count for c in rank.communication.collectives) == len(coll)
+    assert sum(rank.communication.size_histogram.values()) == sum(
+        c.count for c in rank.communication.collectives if c.size_bucket != "unknown")
