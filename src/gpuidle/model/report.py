@@ -1,0 +1,358 @@
+"""The analysis report and comparisons: typed, serialised as-is to the versioned JSON schemas.
+
+Reports carry seconds as floats, as the JSON contract says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from .timeline import CAUSES, I64, SCHEMA, SCHEMA_MINOR
+
+# ----------------------------------------------------------------------------------
+# The report: typed, and serialised as-is to the versioned JSON schema.
+# ----------------------------------------------------------------------------------
+
+
+def zero_causes() -> dict[str, float]:
+    return {c.value: 0.0 for c in CAUSES}
+
+
+class Window(msgspec.Struct):
+    """The span analysed, so a reader knows what "utilization" is a share of."""
+
+    kind: str
+    """``profiler_steps``, ``inferred_steps`` or ``gpu_activity``."""
+    start_s: float
+    """Start, in seconds from the first event of the trace."""
+    dur_s: float
+
+
+class DeviceReport(msgspec.Struct):
+    device: int
+    name: str | None
+    window_s: float
+    busy_s: float
+    """Union of compute kernels, copies and sets. Exposed collectives are idle."""
+    idle_s: float
+    utilization: float
+    idle_by_cause_s: dict[str, float]
+    active_s: float
+    """Union of all device work, collectives included: what nvidia-smi counts."""
+
+
+class StepReport(msgspec.Struct):
+    step: int
+    start_s: float
+    dur_s: float
+    busy_s: float
+    idle_s: float
+    idle_by_cause_s: dict[str, float]
+
+
+class KernelStat(msgspec.Struct):
+    name: str
+    count: int
+    total_s: float
+    share: float
+
+
+class KernelFacts(msgspec.Struct):
+    count: int
+    total_s: float
+    short_kernel_share: float
+    """Share of kernel time spent in kernels shorter than 10 µs."""
+    short_kernel_count: int
+    reduced_precision_gemm_share: float | None
+    """Share of GEMM/conv kernel time in tensor-core or fp16/bf16 kernels; None: no GEMMs."""
+    gemm_share: float
+    """Share of kernel time in GEMM/convolution kernels."""
+    conv_share: float
+    top: list[KernelStat]
+    syncs_per_step: float
+    item_calls_per_step: float
+    pageable_htod_copies: int
+    pageable_htod_bytes: int
+    median_launch_us: float | None
+
+
+class CollectiveStat(msgspec.Struct):
+    """One collective type, process group and message-size bucket (``unknown``: size not recorded)."""
+
+    collective: str
+    process_group: str
+    size_bucket: str
+    count: int
+    total_s: float
+    bytes: int
+    """Sum of message bytes where known."""
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+
+
+class CommReport(msgspec.Struct):
+    comm_s: float
+    """Union of collective kernel time."""
+    exposed_s: float
+    """Collective time with no compute running."""
+    overlap_ratio: float | None
+    """Compute during communication / communication time (HTA's definition)."""
+    collectives: list[CollectiveStat]
+    per_step_count: float
+    size_histogram: dict[str, int]
+
+
+class RankReport(msgspec.Struct):
+    rank: int
+    path: str
+    notes: list[str]
+    step_source: str
+    window: Window
+    devices: list[DeviceReport]
+    steps: list[StepReport]
+    kernels: KernelFacts
+    communication: CommReport
+    world_size: int | None = None
+
+    def primary(self) -> DeviceReport:
+        """The device this rank trains on: the one with the most busy time."""
+        return max(self.devices, key=lambda d: (d.busy_s, -d.device))
+
+
+class Gain(msgspec.Struct):
+    step_s_saved: float
+    utilization_after: float
+
+
+class Recommendation(msgspec.Struct):
+    id: str
+    cause: str
+    title: str
+    evidence: dict[str, Any]
+    fix: str
+    gain: Gain
+    confidence: str
+    """``high``: measured idle of this cause; ``medium``/``low``: an estimate."""
+    rank: int | None = None
+
+
+class CalcLine(msgspec.Struct):
+    """One result with its formula, the formula with the numbers in, and how it was rounded for display."""
+
+    name: str
+    value: float
+    """Exact; only ``shown`` is rounded."""
+    unit: str
+    formula: str
+    worked: str
+    rounding: str
+    shown: str
+
+
+class CostResult(msgspec.Struct, kw_only=True):
+    """What idle GPUs cost, and what a target utilization would save. Savings are never negative.
+
+    Built by ``advice.calc.cost``; ``lines`` show each formula with its numbers and rounding.
+    """
+
+    gpus: int
+    hours: float
+    utilization: float
+    price_per_gpu_hour: float | None
+    target: float | None
+    gpu_hours: float
+    wasted_gpu_hours: float
+    wasted_usd: float | None
+    hours_at_target: float | None
+    hours_saved: float | None
+    gpu_hours_saved: float | None
+    usd_saved: float | None
+    lines: list[CalcLine]
+    notes: list[str] = []
+
+
+class Straggler(msgspec.Struct):
+    rank: int
+    steps: list[int]
+    lateness_s: float
+    """Mean over ``steps`` of how long the others waited for this rank (summed over a step's collectives)."""
+    score: float
+    """Median step time of this rank / fastest rank's median (NVRx-style)."""
+    cause: str
+    why: str
+
+
+class RankRow(msgspec.Struct):
+    rank: int
+    step_s: float
+    utilization: float
+    top_cause: str
+
+
+class JobCommunication(msgspec.Struct):
+    exposed_s: float
+    straggler_wait_s: float
+    overlap_ratio: float | None
+    collectives: list[CollectiveStat]
+
+
+class JobStep(msgspec.Struct):
+    step: int
+    skew: float | None
+    """Max / median of this step's duration across ranks."""
+    last_rank: int | None
+    """The rank the others waited for longest in this step's collectives; None: nobody waited."""
+    lateness_s: float
+    """How long the others waited for ``last_rank`` in this step, summed over its collectives."""
+
+
+class JobReport(msgspec.Struct):
+    world_size: int | None
+    ranks_found: list[int]
+    missing_ranks: list[int]
+    duplicate_ranks: list[int]
+    step_skew: float | None
+    """Max / median of per-rank mean step time."""
+    rank_table: list[RankRow]
+    stragglers: list[Straggler]
+    communication: JobCommunication
+    notes: list[str]
+    steps: list[JobStep] = []
+
+
+class Source(msgspec.Struct):
+    paths: list[str]
+    format: str
+    skipped: list[str] = []
+
+
+class AnalysisReport(msgspec.Struct, kw_only=True):
+    schema: str = SCHEMA
+    schema_minor: int = SCHEMA_MINOR
+    source: Source
+    ranks: list[RankReport]
+    job: JobReport | None = None
+    recommendations: list[Recommendation]
+    cost: CostResult | None = None
+    """Present when a price per GPU-hour was given."""
+
+
+# ----------------------------------------------------------------------------------
+# Where idle time lies (plots, annotated traces) and before/after comparisons.
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTimeline:
+    """One device's idle intervals, by cause, for plots and annotated traces. Times in ns from ``t0_ns``."""
+
+    device: int
+    name: str | None
+    window: tuple[int, int]
+    seg_start: I64
+    seg_end: I64
+    seg_cause: I64
+    """Index into :data:`CAUSES`."""
+    seg_step: I64
+    """The step number each segment lies in (segments never cross a step boundary)."""
+    bin_edges: I64
+    """Equal slices of the window, ``n + 1`` edges, for a utilization-over-time plot."""
+    bin_busy: npt.NDArray[np.float64]
+    """Busy share of each slice."""
+    bin_idle: npt.NDArray[np.float64]
+    """Idle share of each slice by cause: shape ``(n, len(CAUSES))``; a row plus its busy share is 1."""
+
+    def __len__(self) -> int:
+        return int(self.seg_start.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class IdleTimeline:
+    """The idle intervals of every device of one trace file."""
+
+    path: str
+    rank: int
+    t0_ns: int
+    """Trace clock of time zero, in ns: add it back to write the trace's own timestamps."""
+    step_numbers: I64
+    step_bounds: I64
+    """Step ``i`` is ``[step_bounds[i], step_bounds[i + 1])``; the last bound is the window end."""
+    devices: list[DeviceTimeline]
+    note: str | None = None
+    """Why this trace was chosen, when it stands for a job."""
+
+
+COMPARE_SCHEMA = "gpuidle.compare/1"
+
+
+class RunSummary(msgspec.Struct):
+    """One side of a comparison: the figures that tell whether a change helped."""
+
+    ref: str
+    """How the run was named: ``run 12``, or a report path."""
+    label: str | None
+    gpu_model: str | None
+    world_size: int
+    batch_size: int | None
+    ranks: int
+    steps: int
+    """Steps analysed, summed over ranks."""
+    utilization: float
+    """Busy / window over the primary device of every rank."""
+    step_s: float
+    """Mean step time over all ranks' steps."""
+    idle_s: float
+    """Mean idle time per step."""
+    idle_by_cause_s: dict[str, float]
+    """Mean idle time per step, by cause."""
+    recommendations: list[str]
+    """Recommendation ids, largest gain first."""
+
+
+class RecommendationChange(msgspec.Struct):
+    id: str
+    cause: str
+    title: str
+    status: str
+    """``resolved`` (before only), ``new`` (after only) or ``remaining`` (both)."""
+    gain_before_s: float | None
+    """Step time the fix would save, before; None when not recommended then."""
+    gain_after_s: float | None
+
+
+class CostDelta(msgspec.Struct):
+    """What the step-time change is worth: ``step_s * steps * GPUs * price / 3600``."""
+
+    price_per_gpu_hour: float
+    steps: int
+    """Steps priced: an epoch, a run, or 1000 by default."""
+    before: float
+    after: float
+    saved: float
+    """``before - after``; negative when the change made it dearer."""
+
+
+class Comparison(msgspec.Struct, kw_only=True):
+    schema: str = COMPARE_SCHEMA
+    before: RunSummary
+    after: RunSummary
+    comparable: bool
+    differences: list[str]
+    """Why the runs are not comparable: GPU model, world size or batch differs."""
+    notes: list[str]
+    """Differences worth knowing that do not make the numbers meaningless."""
+    utilization_delta: float
+    step_s_delta: float
+    speedup: float | None
+    """``before.step_s / after.step_s``."""
+    idle_by_cause_delta_s: dict[str, float]
+    """Per step, after minus before."""
+    recommendations: list[RecommendationChange]
+    cost: CostDelta | None = None
+
+

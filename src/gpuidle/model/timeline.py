@@ -1,0 +1,180 @@
+"""Timeline columns: what every source produces for one rank, in integer nanoseconds.
+
+Times inside a :class:`Timeline` are integer nanoseconds (``int64``) measured from
+``meta.t0_ns``, the earliest timestamp of the trace; add ``t0_ns`` back to get the
+trace's own clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+I8 = npt.NDArray[np.int8]
+
+SCHEMA = "gpuidle.analysis/1"
+SCHEMA_MINOR = 1
+"""Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object)."""
+
+
+class Cause(enum.StrEnum):
+    """Why a device was idle. Every idle nanosecond gets exactly one cause.
+
+    The order is the order of reports, not a priority; see ``analysis.idle`` for that.
+    """
+
+    DATA_LOADING = "data_loading"
+    HOST_SYNC = "host_sync"
+    LAUNCH_OVERHEAD = "launch_overhead"
+    CPU_COMPUTE = "cpu_compute"
+    MEMCPY = "memcpy"
+    COMMUNICATION = "communication"
+    STRAGGLER_WAIT = "straggler_wait"
+    UNATTRIBUTED = "unattributed"
+
+
+CAUSES: tuple[Cause, ...] = tuple(Cause)
+
+
+class DeviceOpKind(enum.IntEnum):
+    KERNEL = 0
+    MEMCPY = 1
+    MEMSET = 2
+    COLLECTIVE = 3
+    """A communication kernel (NCCL/RCCL); not compute, see ``analysis.idle``."""
+
+
+class HostKind(enum.IntEnum):
+    OP = 0
+    """An operator (``cpu_op``): dispatcher work that may launch device work."""
+    RUNTIME = 1
+    """A CUDA/HIP runtime or driver call (launch, copy, synchronize, ...)."""
+    ANNOTATION = 2
+    """A ``record_function`` range: profiler steps, DataLoader, user ranges."""
+
+
+class CopyKind(enum.IntEnum):
+    NONE = 0
+    HTOD_PAGEABLE = 1
+    HTOD_PINNED = 2
+    HTOD = 3
+    """Host to device, memory kind not recorded (ROCm writes ``Host -> Device``)."""
+    DTOH_PAGEABLE = 4
+    DTOH_PINNED = 5
+    DTOD = 6
+    OTHER = 7
+
+
+HTOD_KINDS = (CopyKind.HTOD_PAGEABLE, CopyKind.HTOD_PINNED, CopyKind.HTOD)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceOps:
+    """Work that ran on a device: kernels, copies, sets, collectives. One row each."""
+
+    start: I64
+    end: I64
+    device: I32
+    stream: I32
+    kind: I8
+    name: I32
+    """Index into :attr:`Timeline.strings`."""
+    correlation: I64
+    """Links the row to the runtime call that launched it; -1 when unknown."""
+    copy_kind: I8
+    nbytes: I64
+    """Bytes moved by a copy or set; -1 when unknown or not a copy."""
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class HostEvents:
+    """Ranges recorded on host threads: operators, runtime calls, annotations."""
+
+    start: I64
+    end: I64
+    thread: I32
+    """Index into :attr:`Timeline.threads`."""
+    kind: I8
+    name: I32
+    correlation: I64
+    """For runtime calls: the id shared with the device work they launched; else -1."""
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveCalls:
+    """Host-side collective records (``record_param_comms``, ``nccl:*`` ranges).
+
+    ``host_index`` points into :attr:`Timeline.host`; sizes are -1 when the trace
+    does not record them.
+    """
+
+    host_index: I64
+    collective: list[str]
+    process_group: list[str]
+    in_bytes: I64
+    out_bytes: I64
+    group_size: I32
+
+    def __len__(self) -> int:
+        return int(self.host_index.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """Training iterations: ``[start, end)`` per step, in host time."""
+
+    number: I64
+    start: I64
+    end: I64
+    source: str
+    """``profiler_step``, ``inferred:<method>`` or ``none``."""
+
+    def __len__(self) -> int:
+        return int(self.number.shape[0])
+
+
+@dataclass(slots=True)
+class TraceMeta:
+    path: str
+    format: str
+    t0_ns: int
+    """Trace clock of time zero, in ns."""
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    device_names: dict[int, str] = field(default_factory=dict)
+    process_groups: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Everything one rank's trace says, in columns. Built once by a source."""
+
+    strings: list[str]
+    threads: list[tuple[str, str]]
+    """(pid, tid) per thread index, as the trace spells them."""
+    device_ops: DeviceOps
+    host: HostEvents
+    collectives: CollectiveCalls
+    steps: Steps
+    meta: TraceMeta
+    devices: list[int] = field(init=False)
+    """Device indices with any activity, ascending."""
+
+    def __post_init__(self) -> None:
+        self.devices = [int(d) for d in np.unique(self.device_ops.device)]
+
+
