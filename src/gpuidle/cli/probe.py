@@ -22,6 +22,7 @@ from gpuidle.advice import calc
 from gpuidle.cli.common import Parser, add_ledger_option, emit, fraction, positive_float, positive_int, record_run, warn
 from gpuidle.errors import GpuidleError
 from gpuidle.ledger import Facts
+from gpuidle.model import CalcLine
 from gpuidle.report.common import RenderOptions
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
@@ -325,7 +326,7 @@ def run_cost(args: argparse.Namespace) -> int:
         if missing:
             raise GpuidleError(f"the cost needs {', '.join(missing)}", "or --from report.json with --hours")
         cost = calc.cost(args.gpus, args.hours, args.utilization, args.price_per_gpu_hour, args.target)
-    lines: list[calc.CalcLine] = []
+    lines: list[CalcLine] = []
     if any(v is not None for v in (args.lr, args.new_batch)):
         if args.lr is None or args.batch is None or args.new_batch is None:
             raise GpuidleError("learning-rate scaling needs --lr, --batch and --new-batch")

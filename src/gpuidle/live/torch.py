@@ -754,7 +754,7 @@ class StepTracker:
 
         try:
             ledger.record("tracker", text, label=self._label, inputs=[self.out_dir / TRACKER_SUMMARY],
-                          path=None if self._ledger is True else self._ledger)
+                          path=None if self._ledger is True else Path(self._ledger))
         except GpuidleError as err:
             self._log(f"the job summary was not recorded in the ledger: {err}")
 

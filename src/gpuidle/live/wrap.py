@@ -113,8 +113,8 @@ class Runner:
             raise CommandNotFound(f"permission denied: {self.cmd[0]}") from None
         self._t0 = time.monotonic()
         pending, self._pending = self._pending, []
-        for sig in pending:
-            self._forward(sig, None)
+        for signum in pending:
+            self._forward(signum, None)
         return self.proc.pid
 
     def _forward(self, sig: int, frame: FrameType | None) -> None:

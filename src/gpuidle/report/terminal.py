@@ -91,9 +91,9 @@ def _job(job: JobReport) -> RenderableType:
             st.add_row(str(s.step), "n/a" if s.skew is None else f"{s.skew:.3f}",
                        "-" if s.last_rank is None else f"rank {s.last_rank}", ms(s.lateness_s))
         lines.append(st)
-    for s in job.stragglers:
-        lines.append(Text(f"straggler: rank {s.rank} late in steps {s.steps} by {ms(s.lateness_s)} on average, "
-                          f"score {s.score:.2f} — {s.why}", style="bright_red"))
+    for lag in job.stragglers:
+        lines.append(Text(f"straggler: rank {lag.rank} late in steps {lag.steps} by {ms(lag.lateness_s)} on average, "
+                          f"score {lag.score:.2f} — {lag.why}", style="bright_red"))
     c = job.communication
     overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
     lines.append(Text(f"communication: exposed {ms(c.exposed_s)}, waiting for stragglers {ms(c.straggler_wait_s)}, "
