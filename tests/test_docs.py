@@ -49,7 +49,9 @@ def test_quickstart_installs_the_core_first_and_ci_runs_both_verbatim() -> None:
     section = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```bash\n(.*?)```", section, re.S)
     first, second = (line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#"))
-    assert first.startswith("pip install -e . ") and "[dev]" not in first
+    assert first.startswith("pip install -e . ")
+    assert "[dev]" not in first
     assert "'.[dev]'" in second
     ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
-    assert first in ci.splitlines() and second in ci.splitlines()
+    assert first in ci.splitlines()
+    assert second in ci.splitlines()
