@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -249,3 +250,15 @@ def test_compare_a_file_that_is_not_a_report(tmp_path: Path) -> None:
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "not a gpuidle JSON report" in line
+
+
+def test_compare_on_a_trace_says_to_analyze_it_first(tmp_path: Path) -> None:
+    trace = DATA / "trace_compare__base__base.json.gz"
+    before = trace.read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "gpuidle", "compare", str(trace), str(trace)], capture_output=True,
+                          text=True, env={**os.environ, "GPUIDLE_LEDGER": str(tmp_path / "l.sqlite")})
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "is a profiler trace, not an analysis" in line
+    assert f"gpuidle analyze {trace}" in line
+    assert trace.read_bytes() == before

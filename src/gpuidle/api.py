@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
-from gpuidle import ledger
-from gpuidle.advice import calc
 from gpuidle.advice.rules import rank_by_gain, recommend, straggler_recommendations
-from gpuidle.advice.utilization import build_report as build_utilization_report
-from gpuidle.analysis import compare as comparison
-from gpuidle.analysis import series as step_series
 from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.intervals import Intervals
 from gpuidle.analysis.links import launcher_rows
@@ -29,8 +24,6 @@ from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.ranks import job_report, match_collectives, waiting_intervals
 from gpuidle.analysis.steps import step_window
 from gpuidle.analysis.summary import RankAnalysis, summarize_rank
-from gpuidle.analysis.utilization import UtilOptions
-from gpuidle.analysis.utilization import analyze as analyze_utilization
 from gpuidle.errors import GpuidleError, InputNotFound
 from gpuidle.model import (
     CAUSES,
@@ -44,10 +37,15 @@ from gpuidle.model import (
     StepSeries,
     UtilizationReport,
 )
-from gpuidle.report import annotate
-from gpuidle.report.jsonout import load_report
-from gpuidle.sources import kineto, smi, tracker
+from gpuidle.sources import kineto, tracker
 from gpuidle.sources.jsonstream import TraceStream
+
+if TYPE_CHECKING:
+    from gpuidle import ledger
+    from gpuidle.analysis import compare as comparison
+
+# Commands import this module whole; what only some of them use (the ledger, counter logs,
+# tracker jobs, comparisons, annotated traces, worker processes) is imported where used.
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -134,6 +132,11 @@ def analyze(
 def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None,
                   devices: Sequence[int] | None = None, steps_per_s: float | None = None) -> UtilizationReport:
     """A utilization log (nvidia-smi CSV or dmon, or gpuidle's own JSONL) in, the utilization summary out."""
+    from gpuidle.advice.utilization import build_report as build_utilization_report
+    from gpuidle.analysis.utilization import UtilOptions
+    from gpuidle.analysis.utilization import analyze as analyze_utilization
+    from gpuidle.sources import smi
+
     series = smi.read(path, fields, interval_s)
     analysis = analyze_utilization(series, UtilOptions(devices=devices, steps_per_s=steps_per_s))
     return build_utilization_report(series, analysis, steps_per_s)
@@ -142,6 +145,8 @@ def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interva
 def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 1.0) -> AnalysisReport:
     """The report with its cost: GPU-hours and money lost to idle time per ``hours`` of training,
     and what reaching 90 % utilization would save (formulas in ``advice.calc``)."""
+    from gpuidle.advice import calc
+
     return msgspec.structs.replace(report, cost=calc.cost_from_report(report, price_per_gpu_hour, hours))
 
 
@@ -151,6 +156,8 @@ def _run(files: list[str], workers: int | None, progress: Progress | None) -> li
             return [_Outcome(files[0], analyze_file(files[0], progress), None)]
         except GpuidleError as err:
             return [_Outcome(files[0], None, str(err))]
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
     n = max(1, min(workers or os.cpu_count() or 1, len(files)))
     out: list[_Outcome] = []
     with ProcessPoolExecutor(max_workers=n) as pool:
@@ -235,6 +242,8 @@ def analyze_series(
     duplicates: Sequence[int] = (), world_size: int | None = None,
 ) -> AnalysisReport:
     """The report of the tracker's steps, one series per rank; the advice rules apply unchanged."""
+    from gpuidle.analysis import series as step_series
+
     reports = [step_series.rank_report(s) for s in series]
     job = step_series.job_report(list(series), reports, list(duplicates)) \
         if len(series) > 1 or (world_size or 1) > 1 else None
@@ -340,6 +349,8 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     src, dst = Path(path), Path(out)
     if dst.exists() and src.exists() and dst.samefile(src):
         raise GpuidleError(f"{dst}: the annotated trace would overwrite its input", "give another output path")
+    from gpuidle.report import annotate
+
     tl = timeline if timeline is not None else idle_timeline(src)
     stream = TraceStream(str(src), _raw_events.decode)
     annotate.write_annotated(dst, stream, stream.header, tl)
@@ -364,6 +375,9 @@ def analysis_inputs(report: AnalysisReport) -> list[str]:
 
 def analysis_facts(report: AnalysisReport) -> ledger.Facts:
     """What the ledger keeps beside an analysis: GPU model and count, utilization and step time."""
+    from gpuidle import ledger
+    from gpuidle.analysis import compare as comparison
+
     summary = comparison.summarize(report)
     return ledger.Facts(gpu_model=summary.gpu_model, gpu_count=summary.world_size, utilization=summary.utilization,
                         step_s=summary.step_s)
@@ -374,6 +388,8 @@ def utilization_facts(report: UtilizationReport) -> ledger.Facts:
 
     A run without GPU samples (no NVML, CPU only) has none of these.
     """
+    from gpuidle import ledger
+
     devices = report.devices
     if not devices:
         return ledger.Facts()
@@ -391,6 +407,8 @@ def record_analysis(
     kind: str = "analyze",
 ) -> int:
     """Record an analysis in the ledger (default: :func:`gpuidle.ledger.default_path`); return the run id."""
+    from gpuidle import ledger
+
     facts = analysis_facts(report)
     facts.update(ledger.Facts(notes=notes, batch_size=batch_size))
     return ledger.record(kind, msgspec.json.encode(report), label, analysis_inputs(report), path=ledger_path,
@@ -399,11 +417,19 @@ def record_analysis(
 
 def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisReport, comparison.RunInfo]:
     """A run by JSON report path, ledger id, or label (the newest run with that label)."""
+    from gpuidle import ledger
+    from gpuidle.analysis import compare as comparison
+    from gpuidle.report.jsonout import load_report
+
     p = Path(ref)
     if p.is_file():
         try:
             report = load_report(p.read_bytes())
         except (msgspec.DecodeError, OSError) as err:
+            if _looks_like_trace(p):
+                raise GpuidleError(f"{p} is a profiler trace, not an analysis",
+                                   f"run gpuidle analyze {p} first (it records the run), then compare "
+                                   "run ids or labels, or reports written by gpuidle analyze --json") from None
             raise GpuidleError(f"{p}: not a gpuidle JSON report ({err})",
                                "give a report written by gpuidle analyze --json, a run id or a label") from None
         return report, comparison.RunInfo(ref=str(p))
@@ -417,6 +443,21 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
                                               gpu_model=run.gpu_model)
 
 
+def _looks_like_trace(path: Path) -> bool:
+    """Whether the file starts like a profiler trace (plain or gzip JSON with ``traceEvents``)."""
+    import gzip
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+            f.seek(0)
+            raw = gzip.GzipFile(fileobj=f) if head == b"\x1f\x8b" else f
+            start = raw.read(1 << 16)
+    except (OSError, EOFError):
+        return False
+    return b'"traceEvents"' in start or b'"ph"' in start
+
+
 def compare_runs(
     before: str,
     after: str,
@@ -425,6 +466,8 @@ def compare_runs(
     steps: int | None = None,
 ) -> tuple[Comparison, AnalysisReport, AnalysisReport]:
     """Compare two runs (report paths, ledger ids or labels); also returns both reports, for renderers."""
+    from gpuidle.analysis import compare as comparison
+
     a, a_info = load_run(before, ledger_path)
     b, b_info = load_run(after, ledger_path)
     return comparison.compare(a, b, a_info, b_info, price_per_gpu_hour, steps), a, b

@@ -42,7 +42,7 @@ import msgspec
 from gpuidle.errors import GpuidleError
 from gpuidle.model import AnalysisReport
 
-ENV = "GPUIDLE_LEDGER"
+ENV = "GPUIDLE_LEDGER"  # cli.common.LEDGER_ENV names it in help without importing this module
 APPLICATION_ID = 0x67707569
 """``PRAGMA application_id`` of a gpuidle ledger: ASCII ``gpui``."""
 BUSY_TIMEOUT_S = 30.0

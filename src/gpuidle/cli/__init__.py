@@ -9,34 +9,50 @@ stderr, ``gpuidle: error: ...``); 130 interrupted. A subcommand may return anoth
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
 from gpuidle import __version__
-from gpuidle.cli import analyze, history, live, probe
 from gpuidle.cli.common import Parser
 from gpuidle.errors import GpuidleError
 
-COMMANDS: list[Callable[[argparse._SubParsersAction[Parser]], None]] = [
-    analyze.register,
-    history.register,
-    probe.register,
-    live.register,
-]
+MODULES = ("analyze", "history", "probe", "live")
+"""The modules under ``gpuidle.cli``, each with ``register(subparsers)``, in ``--help`` order."""
+
+COMMANDS = {"analyze": "analyze", "history": "history", "compare": "history", "bench": "probe",
+            "tune": "probe", "cost": "probe", "monitor": "live", "run": "live", "summarize": "live"}
+"""Which module defines each subcommand: a run imports that module only (start-up is most of a small job)."""
 
 
-def build_parser() -> Parser:
+def build_parser(command: str | None = None) -> Parser:
+    """The parser for ``command`` alone, or for every subcommand (``--help``, a typo)."""
     parser = Parser(prog="gpuidle", description="Find out why your GPUs are idle, and what to change first.")
     parser.add_argument("--version", action="version", version=f"gpuidle {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for register in COMMANDS:
+    modules = [COMMANDS[command]] if command in COMMANDS else MODULES
+    for name in modules:
+        register: Callable[[argparse._SubParsersAction[Parser]], None] = importlib.import_module(
+            f"gpuidle.cli.{name}").register
         register(sub)
     return parser
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv``: its first word that is neither an option nor an option's value."""
+    words = iter(argv)
+    for word in words:
+        if word == "--color":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(_command(argv)).parse_args(argv)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except GpuidleError as err:

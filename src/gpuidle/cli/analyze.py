@@ -7,18 +7,26 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from gpuidle import api
-from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int, record_run, warn
+from gpuidle.cli.common import (
+    Parser,
+    add_ledger_option,
+    emit,
+    ledger_path,
+    positive_float,
+    positive_int,
+    record_run,
+    refuse_conflicting_formats,
+    use_color,
+    warn,
+)
 from gpuidle.errors import GpuidleError
-from gpuidle.ledger import Facts
-from gpuidle.model import AnalysisReport
-from gpuidle.report import html
-from gpuidle.report.common import RenderOptions
-from gpuidle.report.registry import RENDERERS, renderer_for
+from gpuidle.report.registry import REPORT_FORMATS, format_for
+
+if TYPE_CHECKING:
+    from gpuidle import api
+    from gpuidle.model import AnalysisReport
 
 PROGRESS_MIN_BYTES = 50 << 20
 """Show a progress bar when the traces to read are at least this big."""
@@ -29,8 +37,10 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
                         description="Analyse one profiler trace (.json/.json.gz) or a folder of per-rank traces.")
     an.add_argument("paths", nargs="+", metavar="PATH", help="a trace file, or a folder with one trace per rank")
     an.add_argument("--json", action="store_true", help="print the JSON report (same as --format json)")
-    an.add_argument("--format", choices=sorted(RENDERERS), help="output format (default: terminal, or from --out)")
-    an.add_argument("--out", metavar="FILE", help="write the report to FILE instead of stdout")
+    an.add_argument("--format", choices=sorted(REPORT_FORMATS),
+                    help="output format (default: terminal, or from --out's extension)")
+    an.add_argument("--out", metavar="FILE",
+                    help="write the report to FILE instead of stdout (.json, .md, .html, .txt choose the format)")
     an.add_argument("--top", type=positive_int, default=3, help="recommendations to show (default 3)")
     an.add_argument("--workers", type=positive_int, default=None,
                     help="processes for a folder of ranks (default: CPU count)")
@@ -58,6 +68,8 @@ def _progress(paths: Sequence[str], enabled: bool) -> Iterator[api.Progress | No
     if not enabled or not sys.stderr.isatty():
         yield None
         return
+    from gpuidle import api
+
     try:
         size = sum(os.path.getsize(f) for p in paths for f in api.find_trace_files(p))
     except GpuidleError:
@@ -81,21 +93,33 @@ def _progress(paths: Sequence[str], enabled: bool) -> Iterator[api.Progress | No
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuidle import api
+    from gpuidle.report.common import RenderOptions
+
+    fmt = format_for(REPORT_FORMATS, refuse_conflicting_formats(args), args.out)
     with _progress(args.paths, not args.no_progress) as progress:
         report = api.analyze(args.paths, workers=args.workers, progress=progress, warn=warn)
     if args.price_per_gpu_hour is not None:
         report = api.with_cost(report, args.price_per_gpu_hour, args.hours)
-    fmt = "json" if args.json else args.format
-    renderer = renderer_for(fmt, args.out)()
-    to_tty = args.out is None and sys.stdout.isatty()
-    emit(renderer.render(report, RenderOptions(top=args.top, color=to_tty)), args.out)
+    options = RenderOptions(top=args.top, color=use_color(args, args.out is None and sys.stdout.isatty()))
+    pages = [args.html] if args.html else []
+    if fmt == "html":
+        pages.insert(0, args.out)
+    else:
+        from gpuidle.report.registry import renderer_class
+
+        emit(renderer_class(fmt)().render(report, options), args.out)
     _record(args, report)
-    if args.html or args.annotate:
+    if pages or args.annotate:
         timeline = api.timeline_for(report)
         if timeline.note:
             print(f"gpuidle: timeline of {timeline.path}: {timeline.note}", file=sys.stderr)
-        if args.html:
-            emit(html.render_report(report, timeline, RenderOptions(top=args.top)), args.html)
+        if pages:
+            from gpuidle.report import html
+
+            page = html.render_report(report, timeline, RenderOptions(top=args.top))
+            for out in pages:
+                emit(page, out)
         if args.annotate:
             api.annotate_trace(timeline.path, args.annotate, timeline)
     return 0
@@ -103,6 +127,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace, report: AnalysisReport) -> None:
     """Keep the run in the ledger; a ledger problem is a warning, never a failed analysis."""
+    if ledger_path(args) is None:
+        return
+    import msgspec
+
+    from gpuidle import api
+    from gpuidle.ledger import Facts
+
     facts = api.analysis_facts(report)
     facts.update(Facts(notes=args.notes, batch_size=args.batch_size))
     record_run(args, "analyze", msgspec.json.encode(report), args.label, api.analysis_inputs(report), **facts)

@@ -3,17 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
-from gpuidle import ledger
 from gpuidle.errors import GpuidleError
+
+if TYPE_CHECKING:
+    from gpuidle.ledger import Facts
+
+
+COLOR_CHOICES = ("auto", "always", "never")
+
+LEDGER_ENV = "GPUIDLE_LEDGER"
+"""The environment variable that names the ledger file (read by :func:`gpuidle.ledger.default_path`)."""
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one ``gpuidle: error:`` line and exit code 2."""
+    """argparse, but usage errors are one ``gpuidle: error:`` line and exit code 2.
+
+    Every command and subcommand takes ``--color``; a value given at any level is kept
+    (the default is suppressed, so a subcommand never resets it).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--color", choices=COLOR_CHOICES, default=argparse.SUPPRESS,
+                          help="colour in terminal output: auto (a terminal, unless NO_COLOR is set), always, never")
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise GpuidleError(message, f"see {self.prog} --help")
@@ -51,6 +69,24 @@ def fraction(text: str) -> float:
     return value
 
 
+def use_color(args: argparse.Namespace, to_tty: bool) -> bool:
+    """``--color``, else colour on a terminal unless ``NO_COLOR`` is set (https://no-color.org)."""
+    choice = getattr(args, "color", "auto")
+    if choice != "auto":
+        return bool(choice == "always")
+    return to_tty and not os.environ.get("NO_COLOR")
+
+
+def refuse_conflicting_formats(args: argparse.Namespace) -> str | None:
+    """The format ``--json``/``--format`` ask for; both at once must agree."""
+    fmt: str | None = getattr(args, "format", None)
+    if getattr(args, "json", False):
+        if fmt not in (None, "json"):
+            raise GpuidleError(f"--json and --format {fmt} ask for different outputs", "give one of them")
+        return "json"
+    return fmt
+
+
 def warn(message: str) -> None:
     print(f"gpuidle: warning: {message}", file=sys.stderr)
 
@@ -70,7 +106,7 @@ def emit(text: str, out: str | None) -> None:
 def add_ledger_option(p: argparse.ArgumentParser, write: bool = True) -> None:
     """``--ledger PATH`` (and ``--no-ledger`` for commands that record), the same everywhere."""
     p.add_argument("--ledger", metavar="PATH",
-                   help=f"the ledger file (default: ${ledger.ENV}, else {ledger.default_path()})")
+                   help=f"the ledger file (default: ${LEDGER_ENV}, else the user data folder's gpuidle/ledger.sqlite)")
     if write:
         p.add_argument("--no-ledger", action="store_true", help="do not record this run in the ledger")
 
@@ -79,6 +115,8 @@ def ledger_path(args: argparse.Namespace) -> Path | None:
     """Where this command records, or None with ``--no-ledger``."""
     if getattr(args, "no_ledger", False):
         return None
+    from gpuidle import ledger
+
     return Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
 
 
@@ -88,7 +126,7 @@ def record_run(
     report_json: bytes | str,
     label: str | None = None,
     inputs: Sequence[str | Path] = (),
-    **facts: Unpack[ledger.Facts],
+    **facts: Unpack[Facts],
 ) -> int | None:
     """Keep the run in the ledger; return its id, or None when not recorded.
 
@@ -99,6 +137,8 @@ def record_run(
     path = ledger_path(args)
     if path is None:
         return None
+    from gpuidle import ledger
+
     try:
         run_id = ledger.record(kind, report_json, label, inputs, path=path, **facts)
     except GpuidleError as err:

@@ -1,0 +1,113 @@
+"""CLI conventions: colour (``--color``, ``NO_COLOR``), formats chosen by ``--out``, what start-up imports."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA
+
+TRACE = str(DATA / "trace_compare__base__base.json.gz")
+ESC = "\x1b["
+
+
+def gpuidle(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuidle", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def on_a_terminal(*args: str, env: dict[str, str]) -> str:
+    """Run with stdout on a pseudo-terminal and return what it printed."""
+    leader, follower = pty.openpty()
+    base = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    proc = subprocess.Popen([sys.executable, "-m", "gpuidle", *args], stdout=follower, stderr=subprocess.DEVNULL,
+                            env={**base, **env})
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # the follower closed: the child is done
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.wait()
+    os.close(leader)
+    assert proc.returncode == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_colour_on_a_terminal_and_none_under_no_color() -> None:
+    assert ESC in on_a_terminal("analyze", TRACE, "--no-ledger", env={})
+    assert ESC not in on_a_terminal("analyze", TRACE, "--no-ledger", env={"NO_COLOR": "1"})
+    assert ESC not in on_a_terminal("analyze", TRACE, "--no-ledger", "--color", "never", env={})
+    assert ESC in on_a_terminal("analyze", TRACE, "--no-ledger", "--color", "always", env={"NO_COLOR": "1"})
+
+
+def test_color_always_into_a_pipe_and_never_by_default() -> None:
+    assert ESC in gpuidle("analyze", TRACE, "--no-ledger", "--color", "always").stdout
+    assert ESC in gpuidle("--color", "always", "analyze", TRACE, "--no-ledger").stdout
+    assert ESC not in gpuidle("analyze", TRACE, "--no-ledger").stdout
+
+
+@pytest.mark.parametrize(("name", "check"), [
+    ("report.html", lambda text: text.lstrip().lower().startswith("<!doctype html>")),
+    ("report.md", lambda text: text.startswith("#")),
+    ("report.json", lambda text: json.loads(text)["schema"] == "gpuidle.analysis/1"),
+    ("report.txt", lambda text: "utilization" in text and ESC not in text),
+])
+def test_out_picks_the_format_from_its_extension(tmp_path: Path, name: str, check: object) -> None:
+    out = tmp_path / name
+    proc = gpuidle("analyze", TRACE, "--no-ledger", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    assert callable(check)
+    assert check(out.read_text())
+
+
+@pytest.mark.parametrize("args", [
+    ("--format", "md", "--out", "r.json"),
+    ("--json", "--format", "md"),
+    ("--out", "r.xyz"),
+    ("--format", "terminal", "--out", "r.html"),
+])
+def test_conflicting_or_unknown_formats_are_refused(tmp_path: Path, args: tuple[str, ...]) -> None:
+    args = tuple(str(tmp_path / a) if a.startswith("r.") else a for a in args)
+    proc = gpuidle("analyze", TRACE, "--no-ledger", *args)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("gpuidle: error:")
+    assert not any(p.name.startswith("r.") for p in tmp_path.iterdir())
+
+
+NOT_ON_THE_JSON_PATH = (
+    "sqlite3", "hashlib", "rich", "gpuidle.ledger", "gpuidle.report.html", "gpuidle.report.terminal", "gpuidle.live",
+    "gpuidle.bench", "gpuidle.sources.smi", "gpuidle.analysis.utilization", "torch", "concurrent.futures.process",
+)
+
+
+def test_analyze_json_imports_only_what_it_uses() -> None:
+    code = ("import sys, io, contextlib\n"
+            "from gpuidle.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main(['analyze', '--json', '--no-ledger', {TRACE!r}]) == 0\n"
+            "print('\\n'.join(sorted(sys.modules)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(proc.stdout.split())
+    assert "gpuidle.analysis.idle" in loaded
+    leaked = sorted(m for m in loaded if any(m == bad or m.startswith(bad + ".") for bad in NOT_ON_THE_JSON_PATH))
+    assert leaked == []
+
+
+def test_importing_the_cli_loads_no_subcommand() -> None:
+    code = "import sys, gpuidle.cli; print('\\n'.join(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(proc.stdout.split())
+    assert not {"numpy", "msgspec", "gpuidle.api", "gpuidle.cli.analyze"} & loaded
