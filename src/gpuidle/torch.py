@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+try:
+    import torch as _torch  # noqa: F401  (only to say clearly what is missing)
+except ImportError as err:
+    raise ImportError(f"gpuidle.torch needs PyTorch ({err}): pip install 'gpuidle[torch]', "
+                      "or install the torch build for your CUDA/ROCm version first") from err
+
 from gpuidle.live.torch import (
     COMPUTE_PHASES,
     DEFAULT_PHASES,

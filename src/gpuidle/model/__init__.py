@@ -8,6 +8,7 @@ one import the rest of the package uses.
 
 from __future__ import annotations
 
+from .jsonio import JsonStruct
 from .report import (
     COMPARE_SCHEMA,
     AnalysisReport,
@@ -147,6 +148,7 @@ __all__ = [
     "JobCommunication",
     "JobReport",
     "JobStep",
+    "JsonStruct",
     "KernelFacts",
     "KernelStat",
     "MonitorEnd",

@@ -12,6 +12,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from .jsonio import JsonStruct
 from .timeline import CAUSES, I64, SCHEMA, SCHEMA_MINOR
 
 # ----------------------------------------------------------------------------------
@@ -231,7 +232,7 @@ class Source(msgspec.Struct):
     skipped: list[str] = []
 
 
-class AnalysisReport(msgspec.Struct, kw_only=True):
+class AnalysisReport(JsonStruct, kw_only=True):
     schema: str = SCHEMA
     schema_minor: int = SCHEMA_MINOR
     source: Source
@@ -337,7 +338,7 @@ class CostDelta(msgspec.Struct):
     """``before - after``; negative when the change made it dearer."""
 
 
-class Comparison(msgspec.Struct, kw_only=True):
+class Comparison(JsonStruct, kw_only=True):
     schema: str = COMPARE_SCHEMA
     before: RunSummary
     after: RunSummary

@@ -10,6 +10,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from .jsonio import JsonStruct
 from .report import Recommendation
 
 # ----------------------------------------------------------------------------------
@@ -94,7 +95,7 @@ class MonitorHeader(msgspec.Struct, tag="header", kw_only=True, omit_defaults=Tr
     command: list[str] | None = None
     gpu_unavailable: str | None = None
     """Why there are no GPU samples (no NVML, no driver), or None."""
-    notes: list[str] = []
+    notes: list[str] = msgspec.field(default_factory=list)
 
 
 class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -152,7 +153,7 @@ class MonitorEnd(msgspec.Struct, tag="end", kw_only=True, omit_defaults=True):
     """The wrapped command's exit code (``gpuidle run``)."""
     devices: list[int] | None = None
     """The GPUs the wrapped command's processes used (``gpuidle run``); None: not known."""
-    notes: list[str] = []
+    notes: list[str] = msgspec.field(default_factory=list)
 
 
 MonitorRecord = MonitorHeader | MonitorSample | MonitorEnd
@@ -382,7 +383,7 @@ class UtilSource(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
 
 
-class UtilizationReport(msgspec.Struct, kw_only=True):
+class UtilizationReport(JsonStruct, kw_only=True):
     schema: str = UTIL_SCHEMA
     schema_minor: int = UTIL_SCHEMA_MINOR
     source: UtilSource
@@ -392,6 +393,6 @@ class UtilizationReport(msgspec.Struct, kw_only=True):
     gpu_unavailable: str | None = None
     findings: list[UtilFinding]
     recommendations: list[Recommendation]
-    notes: list[str] = []
+    notes: list[str] = msgspec.field(default_factory=list)
 
 
