@@ -28,7 +28,7 @@ from conftest import DATA
 from gpuidle import api
 from gpuidle.cli import main
 from gpuidle.model import CAUSES
-from gpuidle.report import html
+from gpuidle.report import html, svg
 from minitrace import Trace
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -257,7 +257,7 @@ def test_single_trace_report(chromium: Chromium, tmp_path: Path) -> None:
     rank = report.ranks[0]
     assert js(session, "document.querySelectorAll('svg.steps rect.step').length") == len(rank.steps)
     (dev,) = timeline.devices
-    if len(dev) <= html.MAX_INTERVAL_RECTS:
+    if len(dev) <= svg.MAX_INTERVAL_RECTS:
         assert js(session, "document.querySelectorAll('svg.timeline rect.idle').length") == len(dev)
     else:  # too many: a path per cause that is the largest in some slice
         assert 1 <= js(session, "document.querySelectorAll('svg.timeline path.idle').length") <= len(CAUSES)
@@ -269,8 +269,8 @@ def test_single_trace_report(chromium: Chromium, tmp_path: Path) -> None:
     assert all(w > 300 and h > 20 for w, h in sizes)
     titles = js(session, "[...document.querySelectorAll('svg.steps rect.step title')].map(t => t.textContent)")
     assert titles[0].startswith(f"step {rank.steps[0].step}: ")
-    assert_drawn(chromium, session, [html.BUSY_COLOR, html.CAUSE_COLOR["launch_overhead"],
-                                     html.CAUSE_COLOR["cpu_compute"]])
+    assert_drawn(chromium, session, [svg.BUSY_COLOR, svg.CAUSE_COLOR["launch_overhead"],
+                                     svg.CAUSE_COLOR["cpu_compute"]])
 
 
 def test_few_intervals_are_drawn_one_by_one(chromium: Chromium, tmp_path: Path) -> None:
@@ -281,7 +281,7 @@ def test_few_intervals_are_drawn_one_by_one(chromium: Chromium, tmp_path: Path) 
     session, page = chromium.open(out)
     assert_clean(page, out)
     (dev,) = timeline.devices
-    assert 0 < len(dev) <= html.MAX_INTERVAL_RECTS
+    assert 0 < len(dev) <= svg.MAX_INTERVAL_RECTS
     assert chromium.js(session, "document.querySelectorAll('svg.timeline rect.idle').length") == len(dev)
     titles = chromium.js(session, "[...document.querySelectorAll('svg.timeline rect.idle title')]"
                                   ".map(t => t.textContent)")
@@ -302,7 +302,7 @@ def test_job_report_has_the_rank_step_heatmap(chromium: Chromium, tmp_path: Path
     note = chromium.js(session, "document.querySelector('#timeline .note').textContent")
     worst = min(report.ranks, key=lambda r: r.primary().utilization)
     assert note.startswith(f"rank {worst.rank} of 2, the lowest utilization")
-    assert_drawn(chromium, session, [html.BUSY_COLOR, html.CAUSE_COLOR["communication"]])
+    assert_drawn(chromium, session, [svg.BUSY_COLOR, svg.CAUSE_COLOR["communication"]])
 
 
 def test_compare_page(chromium: Chromium, tmp_path: Path) -> None:
@@ -335,7 +335,7 @@ def test_compare_page(chromium: Chromium, tmp_path: Path) -> None:
     assert rows[4].startswith("cost of 1,000 steps at 2.5/GPU-h")
     assert "Resolved" in js(session, "document.querySelector('#recommendations').textContent")
     assert js(session, "document.querySelector('.verdict').className") == "verdict"
-    assert_drawn(chromium, session, [html.BUSY_COLOR, html.CAUSE_COLOR["data_loading"]])
+    assert_drawn(chromium, session, [svg.BUSY_COLOR, svg.CAUSE_COLOR["data_loading"]])
 
 
 def test_a_report_needs_no_timeline(chromium: Chromium, tmp_path: Path) -> None:
@@ -358,3 +358,54 @@ def test_page_is_self_contained() -> None:
     for needle in ("http://", "https://", "<script", "<link", "src=", "@import", "url(http"):
         assert needle not in text.replace('xmlns="http://www.w3.org/2000/svg"', ""), needle
 
+
+
+def _lane_widths(page: str) -> dict[str, float]:
+    """Total drawn width per cause in the timeline's idle lane (paths of boxes and single rects)."""
+    import re
+
+    widths: dict[str, float] = {}
+    for cause, d in re.findall(r'<path class="idle idle-(\w+)" fill="[^"]+" d="([^"]+)"', page):
+        widths[cause] = widths.get(cause, 0.0) + sum(float(w) for w in re.findall(r"h([\d.]+)v", d))
+    for cause, w in re.findall(r'<rect class="idle idle-(\w+)" x="[^"]+" y="[^"]+" width="([^"]+)"', page):
+        widths[cause] = widths.get(cause, 0.0) + float(w)
+    return widths
+
+
+def test_the_idle_lane_is_to_scale_when_intervals_are_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above the one-by-one limit, each cause still covers its true share of the lane; busy stays blank."""
+    src = DATA / "trace_compare__test__test.json.gz"
+    report, timeline = api.analyze([src]), api.idle_timeline(src)
+    monkeypatch.setattr(svg, "MAX_INTERVAL_RECTS", 0)
+    page = html.render_report(report, timeline)
+    (dev,) = timeline.devices
+    lo, hi = dev.window
+    expected: dict[str, float] = {}
+    for s, e, c in zip(dev.seg_start.tolist(), dev.seg_end.tolist(), dev.seg_cause.tolist(), strict=True):
+        expected[CAUSES[c].value] = expected.get(CAUSES[c].value, 0.0) + (e - s) / (hi - lo) * svg.PLOT
+    drawn = _lane_widths(page)
+    assert set(drawn) == {k for k, v in expected.items() if v > 0.01}
+    for cause, width in expected.items():
+        if width > 0.01:
+            assert drawn[cause] == pytest.approx(width, abs=0.02 * svg.PLOT / 100 + 0.01 * width)
+    assert sum(drawn.values()) < svg.PLOT * (1 - report.ranks[0].devices[0].utilization) + 1.0
+
+
+def test_heatmap_cells_print_their_utilization() -> None:
+    report = api.analyze(RANKS)
+    page = html.render_report(report, None)
+    import re
+
+    values = [int(v) for v in re.findall(r'<text class="value"[^>]*>(\d+)</text>', page)]
+    expected = [round(s.busy_s / s.dur_s * 100) for r in report.ranks for s in r.steps]
+    assert sorted(values) == sorted(expected)
+
+
+def test_the_page_has_the_collectives_and_kernels_tables() -> None:
+    report = api.analyze(RANKS)
+    page = html.render_report(report, None)
+    shown = min(report.ranks, key=lambda r: r.primary().utilization)
+    assert page.count("<tr><td><code>") == len(shown.kernels.top)
+    assert 'class="collectives"' in page
+    assert page.count("</td></tr>", page.index('class="collectives"'), page.index('class="kernels"')) == len(
+        shown.communication.collectives)
