@@ -31,7 +31,7 @@ from gpuidle.model import (
     Recommendation,
     RunSummary,
 )
-from gpuidle.report.common import DEFAULT_OPTIONS, TARGET_UTILIZATION, RenderOptions, ms, pct
+from gpuidle.report.common import DEFAULT_OPTIONS, TARGET_UTILIZATION, RenderOptions, gain_text, ms, pct
 from gpuidle.report.compare_text import money
 
 CAUSE_COLOR = {
@@ -374,8 +374,7 @@ def recommendation_card(i: int, rec: Recommendation) -> str:
     return (f'<div class="card rec"><h3>{i}. {_e(rec.title)}</h3>'
             f'<div><span class="chip" style="background:{color}">{_e(rec.cause)}</span>'
             f'<span class="muted">{_e(rec.confidence)} confidence{where}</span></div>'
-            f'<p class="good"><b>saves {ms(rec.gain.step_s_saved)} per step</b> → utilization '
-            f"{pct(rec.gain.utilization_after)}</p>"
+            f'<p class="good"><b>{_e(gain_text(rec))}</b></p>'
             f"<table><tr><th>evidence</th><th></th></tr>{ev}</table>"
             f"<pre><code>{_e(rec.fix)}</code></pre></div>")
 
