@@ -56,6 +56,17 @@ class Hardware:
         return ", ".join(x for x in (self.name, sm) if x) or self.platform
 
 
+_BY_NAME = [
+    (re.compile(r"\bK80\b|\bK40\b"), (3, 7)), (re.compile(r"\bP100\b"), (6, 0)),
+    (re.compile(r"\bP40\b|\bP4\b"), (6, 1)),
+    (re.compile(r"\bV100\b|TITAN V"), (7, 0)), (re.compile(r"\bT4\b|RTX 20\d\d"), (7, 5)),
+    (re.compile(r"\bA100\b|\bA30\b"), (8, 0)), (re.compile(r"\bA10G?\b|\bA40\b|RTX 30\d\d|\bA6000\b"), (8, 6)),
+    (re.compile(r"\bL4\b|\bL40S?\b|RTX 40\d\d"), (8, 9)), (re.compile(r"\bH100\b|\bH200\b|\bGH200\b"), (9, 0)),
+    (re.compile(r"\bB200\b|\bGB200\b|\bB100\b"), (10, 0)),
+]
+"""NVIDIA names -> compute capability, for traces whose ``deviceProperties`` lack ``computeMajor``."""
+
+
 def hardware(d: DeviceReport) -> Hardware:
     if d.timing == "host":
         return Hardware(HOST, None, None)
@@ -66,6 +77,8 @@ def hardware(d: DeviceReport) -> Hardware:
             cap = (int(major), int(minor))
     if d.name and _AMD.search(d.name):
         return Hardware(ROCM, d.name, cap)
+    if cap is None and d.name:
+        cap = next((c for pattern, c in _BY_NAME if pattern.search(d.name)), None)
     return Hardware(CUDA if (d.name or cap) else UNKNOWN, d.name, cap)
 
 

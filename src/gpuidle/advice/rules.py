@@ -204,14 +204,13 @@ def mixed_precision(x: RuleInput) -> list[Proposal]:
     if hw.tensor_cores is False:
         effect = Effect(reason=f"{hw.label} has no tensor cores: fp16 halves memory traffic, "
                                "but the GEMM speed-up cannot be estimated")
-    elif hw.tensor_cores is None:
-        effect = Effect(reason="the trace records no compute capability: tensor cores unknown")
     else:
-        evidence["assumption"] = f"fp32 GEMM/conv time shrinks {AMP_SPEEDUP:g}x on the matrix units"
+        evidence["assumption"] = f"fp32 GEMM/conv time shrinks {AMP_SPEEDUP:g}x on the matrix units" + (
+            "; the trace records no compute capability: tensor cores assumed" if hw.tensor_cores is None else "")
         effect = Effect(busy=fp32_gemm_s * (1 - 1 / AMP_SPEEDUP))
     return [x.rec(
         "mixed_precision", COMPUTE, "GEMMs/convolutions run in fp32: use mixed precision (torch.autocast)",
-        evidence, amp_snippet(hw), effect, confidence="medium",
+        evidence, amp_snippet(hw), effect, confidence="medium" if hw.tensor_cores else "low",
     )]
 
 

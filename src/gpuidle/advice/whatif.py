@@ -226,10 +226,10 @@ def _set_gain(p: Proposal, model: Model, t0: float, u0: float, saved: float | No
     after_id = None
     if marginal is not None and saved is not None and saved < MINOR_SHARE * t0 < marginal and before:
         prev = before[-1]
-        r, cause, sec = model.limit(before)
+        r = model.limit(before)[0]
         after_id = prev.rec.id
         reason = (f"after {prev.rec.id}" + (f" on rank {prev.rec.rank}" if prev.rec.rank is not None else "")
-                  + f", {cause} on rank {r} limits the step: {sec * 1e3:.2f} ms")
+                  + f", {p.rec.cause} on rank {r} limits the step: {marginal * 1e3:.2f} ms")
     elif util < u0 - 1e-9:
         r, cause, sec = model.limit([p])
         reason = (f"utilization falls from {u0:.1%} to {util:.1%}: the step gets shorter, the idle stays"
