@@ -164,8 +164,33 @@ def test_sixteen_rank_job_rank0_collectives() -> None:
     c = rank.communication
     assert 0 <= c.exposed_s <= c.comm_s
     assert c.overlap_ratio is not None
-    assert c.exposed_s == pytest.approx(c.comm_s * (1 - c.overlap_ratio), abs=1e-9)
+    assert c.overlap_ratio_with_copies is not None
+    assert c.exposed_s == pytest.approx(c.comm_s * (1 - c.overlap_ratio_with_copies), abs=1e-9)
+    assert c.overlap_ratio <= c.overlap_ratio_with_copies
     for stat in c.collectives:
         if stat.algbw_gbps is not None:
             assert stat.bytes > 0
             assert stat.size_bucket != "unknown"
+
+
+def test_overlap_ratio_is_htas_kernel_only() -> None:
+    import reference as ref
+
+    path = DATA / "nccl_parser_config__nccl_data.json.gz"
+    t = ref.parse(path)
+    lo, hi = ref.window(t)
+    comm_ns = kernel_overlap = 0
+    for dev in {o.device for o in t.device_ops}:
+        comm = [(o.start, o.end) for o in t.device_ops if o.device == dev and ref.COLLECTIVE.search(o.name)]
+        kernels = [(o.start, o.end) for o in t.device_ops
+                   if o.device == dev and o.cat.lower() == "kernel" and not ref.COLLECTIVE.search(o.name)]
+        c, k = ref.union_length(comm, lo, hi), ref.union_length(kernels, lo, hi)
+        comm_ns += c
+        kernel_overlap += c + k - ref.union_length(comm + kernels, lo, hi)
+    (rank,) = analyze([path]).ranks
+    c = rank.communication
+    assert c.overlap_ratio == pytest.approx(kernel_overlap / comm_ns)
+    # with copies and sets counted as compute it is the complement of the exposed share
+    assert c.overlap_ratio_with_copies is not None
+    assert c.exposed_s == pytest.approx(c.comm_s * (1 - c.overlap_ratio_with_copies), abs=1e-9)
+    assert c.overlap_ratio <= c.overlap_ratio_with_copies

@@ -107,10 +107,12 @@ class CommReport(msgspec.Struct):
     exposed_s: float
     """Collective time with no compute running."""
     overlap_ratio: float | None
-    """Compute during communication / communication time (HTA's definition)."""
+    """Compute kernels during communication / communication time (HTA's definition: no copies, no sets)."""
     collectives: list[CollectiveStat]
     per_step_count: float
     size_histogram: dict[str, int]
+    overlap_ratio_with_copies: float | None = None
+    """As ``overlap_ratio``, copies and sets counted as compute: ``1 - exposed / comm``."""
 
 
 class RankReport(msgspec.Struct):
