@@ -232,7 +232,8 @@ def _set_gain(p: Proposal, model: Model, t0: float, u0: float, saved: float | No
                   + f", {p.rec.cause} on rank {r} limits the step: {marginal * 1e3:.2f} ms")
     elif util < u0 - 1e-9:
         r, cause, sec = model.limit([p])
-        reason = (f"utilization falls from {u0:.1%} to {util:.1%}: the step gets shorter, the idle stays"
+        reason = (f"utilization falls from {u0 * 100:.1f} % to {util * 100:.1f} %: "
+                  "the step gets shorter, the idle stays"
                   + (f" ({cause} {sec * 1e3:.2f} ms/step is next)" if sec > 0 else ""))
     p.rec.gain = Gain(
         step_s_saved=saved, utilization_after=util, utilization_before=u0, step_s_before=t0, step_s_after=after_t,
