@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from gpuidle.advice.rules import rank_by_gain, recommend, straggler_recommendations
+from gpuidle.advice.rules import recommend, straggler_recommendations
+from gpuidle.advice.whatif import Proposal, plan
 from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.intervals import Intervals
 from gpuidle.analysis.links import launcher_rows
@@ -32,7 +33,6 @@ from gpuidle.model import (
     Comparison,
     DeviceTimeline,
     IdleTimeline,
-    Recommendation,
     Source,
     StepSeries,
     UtilizationReport,
@@ -92,8 +92,12 @@ def analyze(
     workers: int | None = None,
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
+    include_warmup: bool = False,
 ) -> AnalysisReport:
     """Analyse one trace or a job (a folder of per-rank traces, or several files).
+
+    Per-step figures and gains use the steady-state steps (steps marked ``excluded``, as
+    warm-up, profiler or outlier, left out) unless ``include_warmup``.
 
     Files are analysed one per worker process (at most ``workers``, default the CPU
     count), so the parent holds only the small per-rank results. A file that cannot
@@ -101,7 +105,7 @@ def analyze(
     in-process tracker wrote (``gpuidle.torch.StepTracker``) is read as such.
     """
     if any(tracker.is_tracker_path(p) for p in paths):
-        return analyze_tracker(paths, warn)
+        return analyze_tracker(paths, warn, include_warmup)
     files = [f for p in paths for f in find_trace_files(p)]
     outcomes = _run(files, workers, progress)
     good = [o for o in outcomes if o.analysis is not None]
@@ -115,17 +119,17 @@ def analyze(
             warn(f"skipped {line}")
     analyses = sorted((o.analysis for o in good if o.analysis is not None), key=lambda a: a.report.rank)
     analyses, duplicates = _dedupe_ranks(analyses, warn)
-    job = job_report(analyses, duplicates) if len(analyses) > 1 else None
-    recs: list[Recommendation] = []
+    job = job_report(analyses, duplicates, include_warmup) if len(analyses) > 1 else None
+    proposals: list[Proposal] = []
     for a in analyses:
-        recs.extend(recommend(a.report, a.accumulation_repeats))
+        proposals.extend(recommend(a.report, a.accumulation_repeats, include_all=include_warmup))
+    reports = [a.report for a in analyses]
     if job is not None:
-        recs.extend(straggler_recommendations(job, [a.report for a in analyses]))
+        proposals.extend(straggler_recommendations(job, reports, include_warmup))
+    recs, combined = plan(proposals, reports, include_warmup)
     return AnalysisReport(
         source=Source(paths=[str(p) for p in paths], format=kineto.FORMAT, skipped=skipped),
-        ranks=[a.report for a in analyses],
-        job=job,
-        recommendations=_merge_across_ranks(recs),
+        ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
     )
 
 
@@ -186,26 +190,13 @@ def _dedupe_ranks(
     return list(seen.values()), sorted(set(duplicates))
 
 
-def _merge_across_ranks(recs: list[Recommendation]) -> list[Recommendation]:
-    """One recommendation per id: the rank where it gains most, with every rank it applies to."""
-    best: dict[str, Recommendation] = {}
-    ranks: dict[str, list[int]] = {}
-    for r in recs:
-        ranks.setdefault(r.id, []).append(r.rank if r.rank is not None else 0)
-        if r.id not in best or r.gain.step_s_saved > best[r.id].gain.step_s_saved:
-            best[r.id] = r
-    for rid, r in best.items():
-        if len(ranks[rid]) > 1:
-            r.evidence["ranks"] = sorted(set(ranks[rid]))
-    return rank_by_gain(list(best.values()))
-
-
 # ----------------------------------------------------------------------------------
 # The in-process tracker's runs
 # ----------------------------------------------------------------------------------
 
 
-def analyze_tracker(paths: Sequence[str | Path], warn: Callable[[str], None] | None = None) -> AnalysisReport:
+def analyze_tracker(paths: Sequence[str | Path], warn: Callable[[str], None] | None = None,
+                    include_warmup: bool = False) -> AnalysisReport:
     """Folders (or rank logs) written by ``gpuidle.torch.StepTracker``: the same report as for traces.
 
     Every rank's log present: the report is derived from them. Some missing (written on
@@ -234,12 +225,12 @@ def analyze_tracker(paths: Sequence[str | Path], warn: Callable[[str], None] | N
     if not series:
         raise InputNotFound(f"{', '.join(str(p) for p in paths)}: no tracker log with steps")
     return analyze_series([series[r] for r in sorted(series)], [str(p) for p in paths], run.skipped,
-                          sorted(set(duplicates)), world)
+                          sorted(set(duplicates)), world, include_warmup)
 
 
 def analyze_series(
     series: Sequence[StepSeries], paths: Sequence[str], skipped: Sequence[str] = (),
-    duplicates: Sequence[int] = (), world_size: int | None = None,
+    duplicates: Sequence[int] = (), world_size: int | None = None, include_warmup: bool = False,
 ) -> AnalysisReport:
     """The report of the tracker's steps, one series per rank; the advice rules apply unchanged."""
     from gpuidle.analysis import series as step_series
@@ -247,14 +238,15 @@ def analyze_series(
     reports = [step_series.rank_report(s) for s in series]
     job = step_series.job_report(list(series), reports, list(duplicates)) \
         if len(series) > 1 or (world_size or 1) > 1 else None
-    recs: list[Recommendation] = []
+    proposals: list[Proposal] = []
     for r in reports:
-        recs.extend(recommend(r))
+        proposals.extend(recommend(r, include_all=include_warmup))
     if job is not None:
-        recs.extend(straggler_recommendations(job, reports))
+        proposals.extend(straggler_recommendations(job, reports, include_warmup))
+    recs, combined = plan(proposals, reports, include_warmup)
     return AnalysisReport(
         source=Source(paths=list(paths), format=tracker.FORMAT, skipped=list(skipped)),
-        ranks=reports, job=job, recommendations=_merge_across_ranks(recs),
+        ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
     )
 
 

@@ -236,7 +236,7 @@ def recommend(analysis: UtilAnalysis, steps_per_s: float | None = None,
 def rank_util(recs: list[Recommendation]) -> list[Recommendation]:
     """Largest utilization after first (the same order as time saved, which needs the step rate), then confidence."""
     order = {"high": 0, "medium": 1, "low": 2}
-    return sorted(recs, key=lambda r: (-r.gain.utilization_after, order.get(r.confidence, 3), r.id))
+    return sorted(recs, key=lambda r: (-(r.gain.utilization_after or 0.0), order.get(r.confidence, 3), r.id))
 
 
 def build_report(series: UtilSeries, analysis: UtilAnalysis, steps_per_s: float | None = None) -> UtilizationReport:

@@ -129,8 +129,16 @@ def _issuing_call(tl: Timeline, launchers: I64, rows: I64) -> I64:
 
 
 def comm_report(tl: Timeline, window: StepWindow, devices: list[DeviceIdle], coll: Collectives) -> CommReport:
+    """``exposed``: collective time with no compute kernel, copy or set beside it (the idle charged to
+    communication); ``overlap_ratio``: HTA's, compute kernels only (copies and sets do not count)."""
+    ops = tl.device_ops
     comm_ns = sum(iv.total(d.comm) for d in devices)
     overlap_ns = sum(iv.total(iv.intersect(d.comm, d.busy)) for d in devices)
+    kernel_overlap_ns = 0
+    for d in devices:
+        k = (ops.device == d.device) & (ops.kind == DeviceOpKind.KERNEL)
+        kernels = iv.clip(iv.union(ops.start[k], ops.end[k]), d.window[0], d.window[1])
+        kernel_overlap_ns += iv.total(iv.intersect(d.comm, kernels))
     exposed_ns = comm_ns - overlap_ns
     dur = coll.end - coll.start
     buckets = [size_bucket(int(b)) if b > 0 else "unknown" for b in coll.nbytes]
@@ -157,7 +165,8 @@ def comm_report(tl: Timeline, window: StepWindow, devices: list[DeviceIdle], col
     return CommReport(
         comm_s=comm_ns / 1e9,
         exposed_s=exposed_ns / 1e9,
-        overlap_ratio=(overlap_ns / comm_ns) if comm_ns else None,
+        overlap_ratio=(kernel_overlap_ns / comm_ns) if comm_ns else None,
+        overlap_ratio_with_copies=(overlap_ns / comm_ns) if comm_ns else None,
         collectives=out,
         per_step_count=len(coll.op) / max(len(window.steps), 1),
         size_histogram=hist,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.steps import counted
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.model import (
     Cause,
@@ -32,6 +33,25 @@ from gpuidle.model import (
 
 PERSISTENT_SCORE = 1.05
 """A rank whose median own step time is 5 % above the fastest rank's is a persistent straggler."""
+MIN_STRAGGLER_STEPS = 5
+"""Fewer steps shared by all ranks than this cannot tell a straggler from run-to-run noise."""
+TOO_FEW_STEPS = "too few steps to name a straggler"
+_T975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)
+
+
+def score_interval(ratios: np.ndarray) -> tuple[float, float]:
+    """95 % t-interval of the mean of per-step scores (own step time / the fastest other rank's)."""
+    n = ratios.size
+    if n < 2:
+        return (float(ratios.mean()), float(ratios.mean())) if n else (1.0, 1.0)
+    t = _T975[n - 2] if n - 2 < len(_T975) else 1.96 + 2.4 / (n - 1)
+    half = t * float(ratios.std(ddof=1)) / float(np.sqrt(n))
+    return float(ratios.mean()) - half, float(ratios.mean()) + half
+
+
+def is_straggler(score: float, low: float, steps: int) -> bool:
+    """Slower by itself (score), beyond noise (the interval's low end above 1), over enough steps."""
+    return steps >= MIN_STRAGGLER_STEPS and score >= PERSISTENT_SCORE and low > 1.0
 HOST_CAUSES = (Cause.DATA_LOADING, Cause.CPU_COMPUTE, Cause.HOST_SYNC, Cause.LAUNCH_OVERHEAD, Cause.MEMCPY)
 
 
@@ -117,8 +137,11 @@ def _move(causes: dict[str, float], seconds: float) -> None:
     causes[Cause.STRAGGLER_WAIT.value] += seconds
 
 
-def job_report(ranks: list[RankAnalysis], duplicates: list[int]) -> JobReport:
-    """Compare ranks; changes each rank's report in place (straggler wait)."""
+def job_report(ranks: list[RankAnalysis], duplicates: list[int], include_all: bool = False) -> JobReport:
+    """Compare ranks; changes each rank's report in place (straggler wait).
+
+    Per-step figures (step time, skew, straggler scores) use the steady steps unless ``include_all``.
+    """
     reports = [ra.report for ra in ranks]
     world = max((r.world_size or 0 for r in reports), default=0) or None
     found = sorted(r.rank for r in reports)
@@ -133,35 +156,38 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int]) -> JobReport:
     for ra in ranks:
         apply_straggler_wait(ra, arrivals)
 
-    own = {r.rank: _own_step_times(r) for r in reports}
-    medians = {rank: float(np.median(t)) for rank, t in own.items() if t.size}
-    fastest = min(medians.values()) if medians else 0.0
+    own = {r.rank: own_step_times(r, include_all) for r in reports}
     last_by_step: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     for a in arrivals:
         last_by_step[a.step][a.last] += max(a.waits.values())
-    stragglers = _stragglers(reports, last_by_step, medians, fastest)
+    stragglers = _stragglers(reports, last_by_step, own)
+    if len(_shared(own)[0]) < MIN_STRAGGLER_STEPS:
+        notes.append(f"{TOO_FEW_STEPS}: {len(_shared(own)[0])} steady step(s) shared by all ranks, "
+                     f"at least {MIN_STRAGGLER_STEPS} needed")
 
     return JobReport(
         world_size=world, ranks_found=found, missing_ranks=missing, duplicate_ranks=duplicates,
-        step_skew=step_skew(reports), rank_table=rank_table(reports), stragglers=stragglers,
+        step_skew=step_skew(reports, include_all), rank_table=rank_table(reports, include_all),
+        stragglers=stragglers,
         communication=job_communication(reports), notes=notes, steps=_job_steps(reports, last_by_step),
     )
 
 
-def step_skew(reports: list[RankReport]) -> float | None:
-    """Max / median over ranks of the mean step time."""
-    means = [float(np.mean([s.dur_s for s in r.steps])) for r in reports if r.steps]
+def step_skew(reports: list[RankReport], include_all: bool = False) -> float | None:
+    """Max / median over ranks of the mean step time (steady steps)."""
+    means = [float(np.mean([s.dur_s for s in counted(r.steps, include_all)])) for r in reports if r.steps]
     median = float(np.median(means)) if means else 0.0
     return max(means) / median if median > 0 else None
 
 
-def rank_table(reports: list[RankReport]) -> list[RankRow]:
-    """One row per rank: mean step time, utilization, largest idle cause."""
+def rank_table(reports: list[RankReport], include_all: bool = False) -> list[RankRow]:
+    """One row per rank: mean (steady) step time, utilization, largest idle cause."""
     rows = []
     for r in sorted(reports, key=lambda r: r.rank):
         d = r.primary()
         top = max(d.idle_by_cause_s.items(), key=lambda kv: kv[1])[0] if d.idle_s > 0 else "none"
-        rows.append(RankRow(rank=r.rank, step_s=float(np.mean([s.dur_s for s in r.steps])) if r.steps else 0.0,
+        steps = counted(r.steps, include_all)
+        rows.append(RankRow(rank=r.rank, step_s=float(np.mean([s.dur_s for s in steps])) if steps else 0.0,
                             utilization=d.utilization, top_cause=top))
     return rows
 
@@ -193,13 +219,39 @@ def _job_steps(reports: list[RankReport], last_by_step: dict[int, dict[int, int]
     return out
 
 
-def _own_step_times(r: RankReport) -> np.ndarray:
-    """Step time minus the time spent waiting for other ranks."""
-    return np.array([s.dur_s - s.idle_by_cause_s[Cause.STRAGGLER_WAIT.value] for s in r.steps])
+def own_step_times(r: RankReport, include_all: bool = False) -> dict[int, float]:
+    """Step number -> step time minus the time spent waiting for other ranks (steady steps)."""
+    return {s.step: s.dur_s - s.idle_by_cause_s[Cause.STRAGGLER_WAIT.value] for s in counted(r.steps, include_all)}
+
+
+def _shared(own: dict[int, dict[int, float]]) -> tuple[list[int], dict[int, np.ndarray]]:
+    """The steps every rank has, and each rank's own times over them."""
+    common = sorted(set.intersection(*(set(t) for t in own.values()))) if own else []
+    return common, {r: np.array([t[k] for k in common]) for r, t in own.items()}
+
+
+def _scores(own: dict[int, dict[int, float]]) -> dict[int, tuple[float, float, float]]:
+    """Per rank: median own step / fastest rank's median, and the 95 % interval of the per-step ratio
+    to the fastest other rank in that step."""
+    _, times = _shared(own)
+    medians = {r: float(np.median(t)) for r, t in times.items() if t.size}
+    fastest = min(medians.values()) if medians else 0.0
+    out = {}
+    for r, t in times.items():
+        others = [times[q] for q in times if q != r]
+        if not t.size or not others or fastest <= 0:
+            out[r] = (1.0, 1.0, 1.0)
+            continue
+        best_other = np.min(np.stack(others), axis=0)
+        ratios = t / np.where(best_other > 0, best_other, np.nan)
+        ratios = ratios[np.isfinite(ratios)]
+        low, high = score_interval(ratios)
+        out[r] = (medians[r] / fastest, low, high)
+    return out
 
 
 def _stragglers(
-    reports: list[RankReport], last_by_step: dict[int, dict[int, int]], medians: dict[int, float], fastest: float,
+    reports: list[RankReport], last_by_step: dict[int, dict[int, int]], own: dict[int, dict[int, float]],
 ) -> list[Straggler]:
     late_steps: dict[int, list[int]] = defaultdict(list)
     lateness: dict[int, list[int]] = defaultdict(list)
@@ -209,15 +261,16 @@ def _stragglers(
             late_steps[rank].append(step)
             lateness[rank].append(ns)
     by_rank = {r.rank: r for r in reports}
+    scores = _scores(own)
+    n_shared = len(_shared(own)[0])
     out = []
     for rank, steps in late_steps.items():
-        score = medians.get(rank, 0.0) / fastest if fastest > 0 else 1.0
-        n_steps = len(last_by_step)
-        if len(steps) < max(1, n_steps // 2) and score < PERSISTENT_SCORE:
+        score, low, high = scores.get(rank, (1.0, 1.0, 1.0))
+        if len(steps) < max(1, len(last_by_step) // 2) or not is_straggler(score, low, n_shared):
             continue
         cause, why = _why_late(by_rank[rank], [r for r in reports if r.rank != rank])
         out.append(Straggler(rank=rank, steps=steps, lateness_s=float(np.mean(lateness[rank])) / 1e9,
-                             score=score, cause=cause, why=why))
+                             score=score, cause=cause, why=why, score_low=low, score_high=high))
     return sorted(out, key=lambda s: -s.lateness_s)
 
 

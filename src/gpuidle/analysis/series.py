@@ -31,7 +31,16 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuidle.analysis.comm import size_bucket
-from gpuidle.analysis.ranks import PERSISTENT_SCORE, job_communication, rank_table, step_skew
+from gpuidle.analysis.ranks import (
+    MIN_STRAGGLER_STEPS,
+    TOO_FEW_STEPS,
+    is_straggler,
+    job_communication,
+    rank_table,
+    score_interval,
+    step_skew,
+)
+from gpuidle.analysis.steps import after_profiling, steady_state
 from gpuidle.model import (
     CAUSES,
     I64,
@@ -120,6 +129,10 @@ def _pct(x: float) -> str:
 def rank_report(series: StepSeries) -> RankReport:
     """One rank's :class:`RankReport`, in the trace report's shape, from the tracker's steps."""
     s = measured(series)
+    disturbed = after_profiling(series.profiled) & ~series.profiled.all()
+    if len(s) < len(series):
+        disturbed = disturbed[~series.profiled]
+    excluded = steady_state(s.dur, disturbed)
     split = split_steps(s)
     n = len(s)
     window = int(s.dur.sum())
@@ -132,11 +145,13 @@ def rank_report(series: StepSeries) -> RankReport:
         utilization=busy / window if window else 0.0,
         idle_by_cause_s={c.value: _s(by_cause[i]) for i, c in enumerate(CAUSES)},
         active_s=_s(min(window, busy + exposed)),
+        timing="device" if s.device_timed else "host",
     )
     steps = [
         StepReport(step=int(s.step[i]), start_s=_s(s.start[i]), dur_s=_s(s.dur[i]), busy_s=_s(split.busy[i]),
                    idle_s=_s(split.idle[i]), idle_by_cause_s={c.value: _s(split.causes[i, j])
-                                                              for j, c in enumerate(CAUSES)})
+                                                              for j, c in enumerate(CAUSES)},
+                   excluded=excluded[i])
         for i in range(n)
     ]
     return RankReport(
@@ -322,19 +337,26 @@ def job_report(series: list[StepSeries], reports: list[RankReport], duplicates: 
             job_steps.append(JobStep(step=int(step), skew=float(dur[:, j].max() / median[j]) if median[j] > 0 else None,
                                      last_rank=int(ranks[last[j]]) if late else None,
                                      lateness_s=_s(lateness[j]) if late else 0.0))
+        own = dur - wait
         for i, s in enumerate(aligned):
             st = stats[s.rank]
             hit = np.flatnonzero((last == i) & (lateness > 0))
-            if st.score < PERSISTENT_SCORE or hit.size < max(1, common.size // 2):
-                continue  # a straggler is slower by itself, and the last one in most steps
+            best_other = np.min(np.delete(own, i, axis=0), axis=0)
+            ratios = own[i][best_other > 0] / best_other[best_other > 0]
+            low, high = score_interval(ratios)
+            if not is_straggler(st.score, low, common.size) or hit.size < max(1, common.size // 2):
+                continue  # a straggler is slower by itself, beyond noise, and the last one in most steps
             shown = hit[np.unique(np.linspace(0, hit.size - 1, min(hit.size, LISTED_LATE_STEPS)).round().astype(int))]
             cause, why = why_late(s, [o for o in aligned if o.rank != s.rank])
             stragglers.append(Straggler(
                 rank=s.rank, steps=[int(x) for x in common[shown]], lateness_s=_s(float(lateness[shown].mean())),
-                score=st.score, cause=cause,
+                score=st.score, cause=cause, score_low=low, score_high=high,
                 why=f"{why}; last in {hit.size} of {common.size} steps, the others waited "
                     f"{float(lateness[hit].mean()) / 1e6:.2f} ms on average",
             ))
+    if len(aligned) > 1 and common.size < MIN_STRAGGLER_STEPS:
+        notes.append(f"{TOO_FEW_STEPS}: {common.size} step(s) shared by all ranks, at least {MIN_STRAGGLER_STEPS} "
+                     "needed")
     notes.extend(_sharding_notes(list(stats.values())))
     return JobReport(
         world_size=world, ranks_found=found, missing_ranks=missing, duplicate_ranks=list(duplicates or []),

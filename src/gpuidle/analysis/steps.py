@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuidle.analysis.links import launch_times, launcher_rows
 from gpuidle.analysis.names import NameClasses
-from gpuidle.model import I64, HostKind, Steps, Timeline
+from gpuidle.model import I64, HostKind, StepReport, Steps, Timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +79,56 @@ def step_window(tl: Timeline, names: NameClasses) -> StepWindow:
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
     kind = "profiler_steps" if steps.source == "profiler_step" else "inferred_steps"
     return StepWindow(steps, start, max(host_end, gpu_end), kind)
+
+
+WARMUP = "warmup"
+PROFILER = "profiler"
+OUTLIER = "outlier"
+MAD_K = 5.0
+"""A step beyond median + 5 scaled MADs is not steady state (a normal step is within ~3)."""
+MIN_EXCESS = 0.25
+"""...and at least 25 % above the median, so identical steps with a tiny MAD keep their jitter."""
+MIN_STEPS_TO_JUDGE = 3
+
+
+def steady_state(dur: npt.ArrayLike, disturbed: npt.ArrayLike | None = None) -> list[str | None]:
+    """Why each step is not steady state, or None.
+
+    ``profiler`` for steps a profiler started, ran or stopped in (``disturbed``); then,
+    with at least three steps, a step beyond ``median + max(5 · 1.4826 · MAD, 25 % of
+    the median)`` of the other steps is ``warmup`` when no steady step came before it
+    (cudnn autotuning, lazy init, allocator growth), else ``outlier``. The median and
+    MAD are robust: up to half the steps can be slow without moving them.
+    """
+    d = np.asarray(dur, dtype=np.float64)
+    out: list[str | None] = [None] * d.size
+    prof = np.zeros(d.size, dtype=bool) if disturbed is None else np.asarray(disturbed, dtype=bool)
+    for i in np.flatnonzero(prof):
+        out[i] = PROFILER
+    rest = np.flatnonzero(~prof)
+    if rest.size < MIN_STEPS_TO_JUDGE:
+        return out
+    median = float(np.median(d[rest]))
+    mad = 1.4826 * float(np.median(np.abs(d[rest] - median)))
+    limit = median + max(MAD_K * mad, MIN_EXCESS * median)
+    steady_seen = False
+    for i in rest:
+        if d[i] > limit:
+            out[i] = OUTLIER if steady_seen else WARMUP
+        else:
+            steady_seen = True
+    return out
+
+
+def after_profiling(profiled: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+    """Steps a profiler ran in, and the first step after each profiled run (its shutdown lands there)."""
+    p = np.asarray(profiled, dtype=bool)
+    out = p.copy()
+    out[1:] |= p[:-1] & ~p[1:]
+    return out
+
+
+def counted(steps: list[StepReport], include_all: bool = False) -> list[StepReport]:
+    """The steps per-step figures and gains are computed on: the steady ones (all, if none is steady)."""
+    steady = [s for s in steps if s.excluded is None]
+    return steps if include_all or not steady else steady

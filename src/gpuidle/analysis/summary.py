@@ -17,8 +17,8 @@ from gpuidle.analysis.kernels import kernel_facts
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.quality import quality_notes
-from gpuidle.analysis.steps import step_window
-from gpuidle.model import CAUSES, I64, Cause, DeviceReport, RankReport, StepReport, Timeline, Window
+from gpuidle.analysis.steps import steady_state, step_window
+from gpuidle.model import CAUSES, I64, Cause, DeviceReport, HostKind, RankReport, StepReport, Timeline, Window
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,15 +51,18 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
             utilization=d.busy_ns / d.window_ns if d.window_ns else 0.0,
             idle_by_cause_s={c.value: _s(v) for c, v in d.idle_by_cause().items()},
             active_s=_s(sum(int(e - s) for s, e in zip(*d.active, strict=True))),
+            compute_capability=tl.meta.device_capability.get(d.device),
         )
         for d in idle
     ]
     bounds = window.bounds
+    excluded = steady_state(np.diff(bounds)) if window.kind != "gpu_activity" else [None]
     steps = [
         StepReport(
             step=int(window.steps.number[i]), start_s=_s(bounds[i]), dur_s=_s(bounds[i + 1] - bounds[i]),
             busy_s=_s(primary.step_busy[i]), idle_s=_s(primary.step_idle[i].sum()),
             idle_by_cause_s={c.value: _s(primary.step_idle[i, j]) for j, c in enumerate(CAUSES)},
+            excluded=excluded[i],
         )
         for i in range(bounds.size - 1)
     ]
@@ -72,7 +75,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         window=Window(kind=window.kind, start_s=_s(window.start), dur_s=_s(window.end - window.start)),
         devices=devices, steps=steps, kernels=kernels,
         communication=comm_report(tl, window, idle, coll),
-        world_size=tl.meta.world_size,
+        world_size=tl.meta.world_size, host_events=host_events(tl, launchers),
     )
     seg_s, seg_e, cause = primary.segments
     exposed = cause == CAUSE_INDEX[Cause.COMMUNICATION]
@@ -83,6 +86,20 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         collectives=coll, exposed_comm=(seg_s[exposed], seg_e[exposed], step_of),
         accumulation_repeats=_accumulation_repeats(coll, on_primary),
     )
+
+
+GRAPH_OR_DRIVER_LAUNCH = ("cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch", "hipGraphLaunch",
+                          "hipModuleLaunchKernel", "cuLaunchCooperativeKernel")
+
+
+def host_events(tl: Timeline, launchers: I64) -> dict[str, int]:
+    """What the trace recorded on the host, so a report can say what attribution lacked."""
+    host = tl.host
+    names = np.array([tl.strings[i] in GRAPH_OR_DRIVER_LAUNCH for i in range(len(tl.strings))], dtype=bool)
+    runtime = host.kind == HostKind.RUNTIME
+    return {"cpu_ops": int((host.kind == HostKind.OP).sum()), "runtime_calls": int(runtime.sum()),
+            "linked_launches": int((launchers >= 0).sum()),
+            "graph_or_driver_launches": int((runtime & names[host.name]).sum()) if names.size else 0}
 
 
 def _accumulation_repeats(coll: Collectives, on_device: np.ndarray) -> int:

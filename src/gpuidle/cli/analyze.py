@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
     an.add_argument("--workers", type=positive_int, default=None,
                     help="processes for a folder of ranks (default: CPU count)")
     an.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    an.add_argument("--include-warmup", action="store_true",
+                    help="keep warm-up, profiler and outlier steps in per-step figures and gains "
+                         "(default: steady-state steps only)")
     an.add_argument("--html", metavar="FILE",
                     help="also write a self-contained HTML report with plots (timeline, steps, ranks)")
     an.add_argument("--annotate", metavar="OUT",
@@ -98,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
     fmt = format_for(REPORT_FORMATS, refuse_conflicting_formats(args), args.out)
     with _progress(args.paths, not args.no_progress) as progress:
-        report = api.analyze(args.paths, workers=args.workers, progress=progress, warn=warn)
+        report = api.analyze(args.paths, workers=args.workers, progress=progress, warn=warn,
+                             include_warmup=args.include_warmup)
     if args.price_per_gpu_hour is not None:
         report = api.with_cost(report, args.price_per_gpu_hour, args.hours)
     options = RenderOptions(top=args.top, color=use_color(args, args.out is None and sys.stdout.isatty()))

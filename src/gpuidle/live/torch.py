@@ -903,9 +903,11 @@ def job_view(report: AnalysisReport, series: list[StepSeries], out_dir: str) -> 
         for st in report.job.stragglers:
             lines.append(f"straggler: rank {st.rank} ×{st.score:.2f} — {st.why}")
         lines.extend(f"note: {n}" for n in report.job.notes if n != HOST_TIMED_NOTE)
-    for rec in report.recommendations[:3]:
-        lines.append(f"fix: {rec.title} — saves {rec.gain.step_s_saved * 1e3:.2f} ms/step "
-                     f"→ utilization {rec.gain.utilization_after * 100:.0f} % [{rec.cause}]")
+    for rec in [r for r in report.recommendations if r.alternative_to is None and not r.gain.minor][:3]:
+        g = rec.gain
+        gain = "gain not estimable" if g.step_s_saved is None or g.utilization_after is None else (
+            f"saves {g.step_s_saved * 1e3:.2f} ms/step → utilization {g.utilization_after * 100:.0f} %")
+        lines.append(f"fix: {rec.title} — {gain} [{rec.cause}]")
     if not report.recommendations:
         lines.append("no idle cause above its threshold")
     lines.append(f"full report: gpuidle analyze {out_dir}")

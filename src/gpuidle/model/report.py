@@ -45,6 +45,10 @@ class DeviceReport(msgspec.Struct):
     idle_by_cause_s: dict[str, float]
     active_s: float
     """Union of all device work, collectives included: what nvidia-smi counts."""
+    compute_capability: str | None = None
+    """``"major.minor"`` where the source records it (Kineto ``deviceProperties``, the tracker)."""
+    timing: str = "device"
+    """``device``: measured on the device; ``host``: host-timed steps (no device figures can be claimed)."""
 
 
 class StepReport(msgspec.Struct):
@@ -54,6 +58,8 @@ class StepReport(msgspec.Struct):
     busy_s: float
     idle_s: float
     idle_by_cause_s: dict[str, float]
+    excluded: str | None = None
+    """Why the step is left out of per-step figures and gains: ``warmup``, ``profiler``, ``outlier``; None: steady."""
 
 
 class KernelStat(msgspec.Struct):
@@ -102,10 +108,12 @@ class CommReport(msgspec.Struct):
     exposed_s: float
     """Collective time with no compute running."""
     overlap_ratio: float | None
-    """Compute during communication / communication time (HTA's definition)."""
+    """Compute kernels during communication / communication time (HTA's definition: no copies, no sets)."""
     collectives: list[CollectiveStat]
     per_step_count: float
     size_histogram: dict[str, int]
+    overlap_ratio_with_copies: float | None = None
+    """As ``overlap_ratio``, copies and sets counted as compute: ``1 - exposed / comm``."""
 
 
 class RankReport(msgspec.Struct):
@@ -119,15 +127,34 @@ class RankReport(msgspec.Struct):
     kernels: KernelFacts
     communication: CommReport
     world_size: int | None = None
+    host_events: dict[str, int] | None = None
+    """What the trace recorded on the host: ``cpu_ops``, ``runtime_calls``, ``linked_launches``,
+    ``graph_or_driver_launches``; None for step timing (the tracker)."""
 
     def primary(self) -> DeviceReport:
         """The device this rank trains on: the one with the most busy time."""
         return max(self.devices, key=lambda d: (d.busy_s, -d.device))
 
 
-class Gain(msgspec.Struct):
-    step_s_saved: float
-    utilization_after: float
+class Gain(msgspec.Struct, kw_only=True):
+    """What a fix is worth in steady-state step time, from the one what-if model (``advice.whatif``)."""
+
+    step_s_saved: float | None
+    """Step time saved by this fix alone; None: not estimable (``reason`` says why)."""
+    utilization_after: float | None
+    utilization_before: float | None = None
+    step_s_before: float | None = None
+    step_s_after: float | None = None
+    speedup: float | None = None
+    """``step_s_before / step_s_after``: the throughput factor (samples/s) at the same batch."""
+    reason: str | None = None
+    """Why the gain is None, or why utilization falls although the step gets shorter."""
+    after: str | None = None
+    """The fix that must come first for this one to pay (it is hidden behind that rank's time)."""
+    step_s_saved_after: float | None = None
+    """Step time saved once the fixes ranked above it are applied."""
+    minor: bool = False
+    """Saves under 0.5 % of a step: kept in the JSON, left out of the terminal's top list."""
 
 
 class Recommendation(msgspec.Struct):
@@ -140,6 +167,20 @@ class Recommendation(msgspec.Struct):
     confidence: str
     """``high``: measured idle of this cause; ``medium``/``low``: an estimate."""
     rank: int | None = None
+    alternative_to: str | None = None
+    """Id of the fix that claims the same idle; this one is another way to recover it, not an addition."""
+
+
+class Combined(msgspec.Struct):
+    """Every fix that is not an alternative, applied together, on the same what-if model."""
+
+    step_s_before: float
+    step_s_saved: float
+    step_s_after: float
+    utilization_after: float
+    fixes: list[str]
+    limit: str
+    """What sets the step time afterwards, in words."""
 
 
 class CalcLine(msgspec.Struct):
@@ -186,6 +227,9 @@ class Straggler(msgspec.Struct):
     """Median step time of this rank / fastest rank's median (NVRx-style)."""
     cause: str
     why: str
+    score_low: float | None = None
+    score_high: float | None = None
+    """95 % interval of the per-step score (own step time / the fastest other rank's, same step)."""
 
 
 class RankRow(msgspec.Struct):
@@ -241,6 +285,9 @@ class AnalysisReport(JsonStruct, kw_only=True):
     recommendations: list[Recommendation]
     cost: CostResult | None = None
     """Present when a price per GPU-hour was given."""
+    combined: Combined | None = None
+    include_warmup: bool = False
+    """True: steps marked ``excluded`` still count in per-step figures and gains (``--include-warmup``)."""
 
 
 # ----------------------------------------------------------------------------------

@@ -19,8 +19,9 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 1
-"""Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object)."""
+SCHEMA_MINOR = 2
+"""Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
+``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability)."""
 
 
 class Cause(enum.StrEnum):
@@ -155,6 +156,8 @@ class TraceMeta:
     world_size: int | None = None
     backend: str | None = None
     device_names: dict[int, str] = field(default_factory=dict)
+    device_capability: dict[int, str] = field(default_factory=dict)
+    """Compute capability per device, ``"major.minor"`` (Kineto ``deviceProperties``; gfx9 on ROCm is ``9.x``)."""
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuidle.model import RankReport
+from gpuidle.model import Gain, RankReport, Recommendation
 
 TARGET_UTILIZATION = 0.9
 MANY_STEPS = 12
@@ -59,3 +59,44 @@ def step_rows(r: RankReport) -> list[tuple[str, str, str, str, str]]:
 
 
 DEFAULT_OPTIONS = RenderOptions()
+
+
+def utilization_falls(g: Gain) -> bool:
+    """A fix that shortens the step but leaves the idle: utilization after is lower, not a gain."""
+    return g.utilization_after is not None and g.utilization_before is not None \
+        and g.utilization_after < g.utilization_before
+
+
+def gain_text(rec: Recommendation) -> str:
+    """The gain in words: step time first, utilization after with its reason when it falls."""
+    g = rec.gain
+    if g.step_s_saved is None:
+        return f"gain not estimable: {g.reason}" if g.reason else "gain not estimable"
+    if rec.alternative_to is not None:
+        return f"alternative to {rec.alternative_to}: the same idle, saves {ms(g.step_s_saved)}/step on its own"
+    if g.after is not None and g.step_s_saved_after is not None:
+        return f"saves {ms(g.step_s_saved)}/step now; {g.reason}: saves {ms(g.step_s_saved_after)}/step after it"
+    text = f"saves {ms(g.step_s_saved)}/step"
+    if g.step_s_before is not None and g.step_s_after is not None:
+        text += f" ({ms(g.step_s_before)} → {ms(g.step_s_after)}/step"
+        text += f", ×{g.speedup:.2f} samples/s)" if g.speedup is not None else ")"
+    if g.utilization_after is not None:
+        text += f" → utilization {pct(g.utilization_after)}"
+        if utilization_falls(g) and g.reason:
+            text += f" ({g.reason})"
+    return text
+
+
+def shown_recommendations(recs: list[Recommendation], top: int) -> list[Recommendation]:
+    """The top list: fixes that are not alternatives and not below 0.5 % of a step; alternatives follow theirs."""
+    heads = [r for r in recs if r.alternative_to is None and not r.gain.minor][:top]
+    ids = {r.id for r in heads}
+    return [r for r in recs if r.id in ids or (r.alternative_to in ids)]
+
+
+def excluded_lines(r: RankReport, kept: bool = False) -> list[str]:
+    """``step 0, 4,489 ms: warm-up, left out`` for every step outside steady state."""
+    words = {"warmup": "warm-up", "profiler": "profiler start/stop", "outlier": "outlier"}
+    how = "kept (--include-warmup)" if kept else "left out of per-step figures and gains"
+    return [f"step {s.step}, {ms(s.dur_s)}: {words.get(s.excluded, s.excluded)}, {how}"
+            for s in r.steps if s.excluded is not None]

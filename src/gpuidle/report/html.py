@@ -28,7 +28,7 @@ from gpuidle.model import (
     Recommendation,
     RunSummary,
 )
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct
+from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, gain_text, ms, pct
 from gpuidle.report.compare_text import money
 from gpuidle.report.svg import (
     CAUSE_COLOR,
@@ -74,8 +74,7 @@ def recommendation_card(i: int, rec: Recommendation) -> str:
     return (f'<div class="card rec"><h3>{i}. {esc(rec.title)}</h3>'
             f'<div><span class="chip" style="background:{color}">{esc(rec.cause)}</span>'
             f'<span class="muted">{esc(rec.confidence)} confidence{where}</span></div>'
-            f'<p class="good"><b>saves {ms(rec.gain.step_s_saved)} per step</b> → utilization '
-            f"{pct(rec.gain.utilization_after)}</p>"
+            f'<p class="good"><b>{esc(gain_text(rec))}</b></p>'
             f"<table><tr><th>evidence</th><th></th></tr>{ev}</table>"
             f"<pre><code>{esc(rec.fix)}</code></pre></div>")
 

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from gpuidle.model import CAUSES, AnalysisReport, RankReport
-from gpuidle.report.common import DEFAULT_OPTIONS, TARGET_UTILIZATION, RenderOptions, ms, pct, step_rows
+from gpuidle.report.common import (
+    DEFAULT_OPTIONS,
+    TARGET_UTILIZATION,
+    RenderOptions,
+    excluded_lines,
+    gain_text,
+    ms,
+    pct,
+    shown_recommendations,
+    step_rows,
+)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -33,17 +43,26 @@ class MarkdownRenderer:
             lines += [f"- communication exposed {ms(c.exposed_s)}, straggler wait {ms(c.straggler_wait_s)}", ""]
         for r in shown:
             lines += self._rank(r)
+            lines += [f"- {x}" for x in excluded_lines(r, report.include_warmup)]
         if report.cost is not None:
             lines += ["### Cost", ""]
             lines += _table(["", "value", "formula"],
                             [[x.name.replace("_", " "), x.shown, f"`{x.worked}`"] for x in report.cost.lines])
             lines += [f"> {n}" for n in report.cost.notes] + [""]
         lines += ["### Top fixes", ""]
-        for i, rec in enumerate(report.recommendations[: options.top], 1):
-            lines.append(f"{i}. **{rec.title}** — saves {ms(rec.gain.step_s_saved)}/step, utilization after "
-                         f"{pct(rec.gain.utilization_after)} ({rec.confidence} confidence)")
+        i = 0
+        for rec in shown_recommendations(report.recommendations, options.top):
+            if rec.alternative_to is None:
+                i += 1
+                lines.append(f"{i}. **{rec.title}** — {gain_text(rec)} ({rec.confidence} confidence)")
+            else:
+                lines.append(f"   - or: **{rec.title}** — {gain_text(rec)}")
             lines.append("   - evidence: " + ", ".join(f"`{k}={v}`" for k, v in rec.evidence.items()))
             lines += ["", "   ```python"] + [f"   {x}" for x in rec.fix.splitlines()] + ["   ```", ""]
+        both = report.combined
+        if both is not None and both.fixes:
+            lines += [f"All {len(both.fixes)} fixes together: {ms(both.step_s_before)} → {ms(both.step_s_after)}"
+                      f"/step, utilization {pct(both.utilization_after)}; then {both.limit}.", ""]
         if not report.recommendations:
             lines.append("No idle cause above its threshold.")
         return "\n".join(lines) + "\n"

@@ -9,16 +9,30 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpuidle.model import CAUSES, AnalysisReport, CostResult, DeviceReport, JobReport, RankReport, Recommendation
+from gpuidle.advice.hardware import hardware
+from gpuidle.model import (
+    CAUSES,
+    AnalysisReport,
+    Combined,
+    CostResult,
+    DeviceReport,
+    JobReport,
+    RankReport,
+    Recommendation,
+)
 from gpuidle.report.common import (
     DEFAULT_OPTIONS,
     MANY_STEPS,
     TARGET_UTILIZATION,
     RenderOptions,
+    excluded_lines,
+    gain_text,
     ms,
     pct,
     ranges,
+    shown_recommendations,
     step_rows,
+    utilization_falls,
 )
 
 CAUSE_STYLE = {
@@ -39,8 +53,9 @@ def _headline(r: RankReport, d: DeviceReport) -> Text:
     t = Text(f"rank {r.rank} · device {d.device}{name}  ", style="bold")
     t += Text(f"utilization {pct(d.utilization)}", style=f"bold {style}")
     t += Text(f"  (target {pct(TARGET_UTILIZATION, 0)})  idle {ms(d.idle_s)} of {ms(d.window_s)}")
-    if d.active_s > d.busy_s:
-        t += Text(f"  · nvidia-smi would count {pct(d.active_s / d.window_s)}", style="bright_black")
+    smi = hardware(d).smi
+    if d.active_s > d.busy_s and smi is not None:
+        t += Text(f"  · {smi} would count {pct(d.active_s / d.window_s)}", style="bright_black")
     return t
 
 
@@ -107,14 +122,22 @@ def _job(job: JobReport) -> RenderableType:
     return Panel(Group(*lines), title="job", title_align="left")
 
 
-def _recommendation(i: int, rec: Recommendation) -> RenderableType:
-    head = Text(f"{i}. {rec.title}", style="bold")
-    gain = Text(f"   saves {ms(rec.gain.step_s_saved)}/step → utilization {pct(rec.gain.utilization_after)}"
-                f"  [{rec.confidence} confidence · {rec.cause}"
-                + (f" · rank {rec.rank}" if rec.rank is not None else "") + "]", style="green")
-    ev = Text("   evidence: " + ", ".join(f"{k}={v}" for k, v in rec.evidence.items()), style="bright_black")
-    fix = Text("\n".join("     " + line for line in rec.fix.splitlines()), style="cyan")
+def _recommendation(i: int | None, rec: Recommendation) -> RenderableType:
+    indent = "   " if i is not None else "      "
+    head = Text(f"{i}. {rec.title}" if i is not None else f"   or: {rec.title}", style="bold")
+    good = rec.gain.step_s_saved is not None and rec.alternative_to is None and not utilization_falls(rec.gain)
+    gain = Text(f"{indent}{gain_text(rec)}  [{rec.confidence} confidence · {rec.cause}"
+                + (f" · rank {rec.rank}" if rec.rank is not None else "") + "]",
+                style="green" if good else "yellow")
+    ev = Text(f"{indent}evidence: " + ", ".join(f"{k}={v}" for k, v in rec.evidence.items()), style="bright_black")
+    fix = Text("\n".join(indent + "  " + line for line in rec.fix.splitlines()), style="cyan")
     return Group(head, gain, ev, fix)
+
+
+def _combined(c: Combined) -> Text:
+    return Text(f"all {len(c.fixes)} fixes together: {ms(c.step_s_before)} → {ms(c.step_s_after)}/step "
+                f"(saves {ms(c.step_s_saved)}), utilization {pct(c.utilization_after)}; then {c.limit}",
+                style="bold")
 
 
 def _cost(cost: CostResult) -> RenderableType:
@@ -139,25 +162,30 @@ class TerminalRenderer:
         n = len(report.ranks)
         console.print(Text(f"gpuidle · {n} rank{'s' if n != 1 else ''} · {report.source.format}", style="bold"))
         if report.job is None:
-            self._rank(console, report.ranks[0])
+            self._rank(console, report.ranks[0], report.include_warmup)
         else:
             console.print(_job(report.job))
             worst = min(report.ranks, key=lambda r: r.primary().utilization)
             console.print(Text(f"lowest utilization: rank {worst.rank}", style="bold"))
-            self._rank(console, worst)
+            self._rank(console, worst, report.include_warmup)
         if report.cost is not None:
             console.print(_cost(report.cost))
-        recs = report.recommendations[: options.top]
+        recs = shown_recommendations(report.recommendations, options.top)
         console.print(Text("Top fixes" if recs else "No fix stands out: no idle cause above its threshold.",
                            style="bold underline"))
-        for i, rec in enumerate(recs, 1):
-            console.print(_recommendation(i, rec))
+        i = 0
+        for rec in recs:
+            if rec.alternative_to is None:
+                i += 1
+            console.print(_recommendation(i if rec.alternative_to is None else None, rec))
+        if report.combined is not None and report.combined.fixes:
+            console.print(_combined(report.combined))
         if len(report.recommendations) > len(recs):
             console.print(Text(f"(+{len(report.recommendations) - len(recs)} more: --top N or --format json)",
                                style="bright_black"))
         return buf.getvalue()
 
-    def _rank(self, console: Console, r: RankReport) -> None:
+    def _rank(self, console: Console, r: RankReport, kept: bool = False) -> None:
         w = r.window
         console.print(Text(f"window: {w.kind.replace('_', ' ')} · {len(r.steps)} step(s) · {ms(w.dur_s)}"
                            f" · steps from {r.step_source}", style="bright_black"))
@@ -166,6 +194,8 @@ class TerminalRenderer:
         console.print(_causes(r.primary()))
         if len(r.steps) > 1:
             console.print(_steps(r))
+        for line in excluded_lines(r, kept):
+            console.print(Text(line, style="yellow"))
         c = r.communication
         if c.comm_s > 0:
             overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)

@@ -166,7 +166,7 @@ class UtilTerminalRenderer:
             console.print(Text("Top fixes" if recs else "No fix stands out from the counters.",
                                style="bold underline"))
         for i, rec in enumerate(recs, 1):
-            gain = Text(f"   → utilization {pct(rec.gain.utilization_after)}"
+            gain = Text(f"   → utilization {pct(rec.gain.utilization_after or 0.0)}"
                         + (f", saves {ms(rec.gain.step_s_saved)}/step" if rec.gain.step_s_saved else "")
                         + f"  [{rec.confidence} confidence · {rec.cause}]", style="green")
             fix = Text("\n".join("     " + line for line in rec.fix.splitlines()), style="cyan")

@@ -422,4 +422,6 @@ def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
         for p in props:
             if isinstance(p, dict) and isinstance(p.get("id"), int) and isinstance(p.get("name"), str):
                 meta.device_names[p["id"]] = p["name"]
+                if isinstance(p.get("computeMajor"), int) and isinstance(p.get("computeMinor"), int):
+                    meta.device_capability[p["id"]] = f"{p['computeMajor']}.{p['computeMinor']}"
     return meta

@@ -1,0 +1,77 @@
+"""Steady state in tracker runs: warm-up, the profiler's window and its shutdown are left out of gains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuidle.analysis.series import rank_report
+from gpuidle.api import analyze, analyze_series
+from gpuidle.model import StepSeries
+from gpuidle.report.terminal import TerminalRenderer
+
+MS = 1_000_000
+
+
+def series(dur_ms: list[int], data_ms: list[int], profiled: list[bool]) -> StepSeries:
+    n = len(dur_ms)
+    z = np.zeros(n, dtype=np.int64)
+    dur = np.array(dur_ms, dtype=np.int64) * MS
+    data = np.array(data_ms, dtype=np.int64) * MS
+    return StepSeries(
+        rank=0, world_size=1, path="rank-0.jsonl", timing="host", device=0, device_name=None,
+        compute_phases=["forward"], copy_phase="h2d", step=np.arange(n, dtype=np.int64),
+        start=np.concatenate([[0], np.cumsum(dur)[:-1]]).astype(np.int64), dur=dur, data=data,
+        phases={"forward": dur - data}, device_phases={}, comm=z, comm_exposed=z, straggler=z, buckets=z,
+        bucket_bytes=z, samples=z, batches=z, profiled=np.array(profiled),
+    )
+
+
+# step 0: warm-up; steps 3-4 profiled (dropped by the tracker); step 5: the profiler's shutdown
+DUR = [400, 10, 10, 30, 30, 24, 10, 10]
+DATA = [0, 4, 4, 4, 4, 4, 4, 4]
+PROF = [False, False, False, True, True, False, False, False]
+
+
+def test_tracker_steps_are_marked() -> None:
+    r = rank_report(series(DUR, DATA, PROF))
+    assert [(s.step, s.excluded) for s in r.steps] == [
+        (0, "warmup"), (1, None), (2, None), (5, "profiler"), (6, None), (7, None)]
+    # whole-window figures keep every measured step
+    assert r.devices[0].window_s == pytest.approx((400 + 10 + 10 + 24 + 10 + 10) / 1e3)
+
+
+def test_gains_use_steady_steps_only() -> None:
+    report = analyze_series([series(DUR, DATA, PROF)], ["run"])
+    loader = next(x for x in report.recommendations if x.id == "dataloader_workers")
+    assert loader.gain.step_s_before == pytest.approx(10 * MS / 1e9)
+    assert loader.gain.step_s_saved == pytest.approx(4 * MS / 1e9)
+    assert loader.gain.utilization_after == pytest.approx(1.0)
+    assert report.combined is not None
+    assert report.combined.step_s_after == pytest.approx(6 * MS / 1e9)
+
+
+def test_reports_say_which_steps_are_left_out() -> None:
+    text = TerminalRenderer().render(analyze_series([series(DUR, DATA, PROF)], ["run"]))
+    assert "step 0, 400.0 ms: warm-up, left out of per-step figures and gains" in text
+    assert "step 5, 24.00 ms: profiler start/stop, left out" in text
+    assert "would count" not in text  # a host-timed run makes no device claim
+
+
+def test_real_traces_mark_steps_and_never_all(data: Path) -> None:
+    for name in ("critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz",
+                 "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+                 "negative_queue_length_values_check__rank0.json.gz"):
+        report = analyze([data / name])
+        steps = report.ranks[0].steps
+        assert any(s.excluded is None for s in steps)
+        c = report.combined
+        assert c is not None
+        d = report.ranks[0].primary()
+        steady = [s for s in steps if s.excluded is None]
+        assert c.step_s_before == pytest.approx(sum(s.dur_s for s in steady) / len(steady))
+        # never more than the steady step's idle plus the compute the fixes shrink
+        assert 0 <= c.step_s_saved <= c.step_s_before
+        assert d.busy_s + sum(d.idle_by_cause_s.values()) == pytest.approx(d.window_s, abs=1e-9)
