@@ -244,7 +244,8 @@ def render_cost(r: CalcReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
     c = _console(buf, options)
     cost: CostResult | None = r.cost
     if cost is not None:
-        head = f"gpuidle cost · {cost.gpus} GPUs × {cost.hours:g} h at {pct(cost.utilization)} utilization"
+        gpus = f"{cost.gpus} GPU{'' if cost.gpus == 1 else 's'}"
+        head = f"gpuidle cost · {gpus} × {cost.hours:g} h at {pct(cost.utilization)} utilization"
         if cost.price_per_gpu_hour is not None:
             head += f" · {cost.price_per_gpu_hour:g} per GPU-hour"
         if cost.target is not None:
