@@ -307,7 +307,7 @@ class RunSummary(msgspec.Struct):
     utilization: float
     """Busy / window over the primary device of every rank."""
     step_s: float
-    """Mean step time over all ranks' steps."""
+    """Median step time over all ranks' steps (as the tracker reports it)."""
     idle_s: float
     """Mean idle time per step."""
     idle_by_cause_s: dict[str, float]
