@@ -413,13 +413,13 @@ def tune_loader(dataset: Any, *, batch_size: int, budget_s: float = 60.0, target
         return budget_s - (clock() - start)
 
     def run(cfg: LoaderConfig) -> LoaderPoint | None:
-        if points and left_s() <= 0:
+        # the start-up is not part of the window: guess it from the last point with as many workers
+        startup = next((p.startup_s for p in reversed(points) if p.config.num_workers == cfg.num_workers), 0.0)
+        if points and left_s() < startup + MIN_WINDOW_S:
             skipped.append(_cfg_text(cfg))
             return None
         left = max(planned - len(points), 1)
         slice_s = max(left_s() / left, MIN_WINDOW_S)
-        # the start-up is not part of the window: guess it from the last point with as many workers
-        startup = next((p.startup_s for p in reversed(points) if p.config.num_workers == cfg.num_workers), 0.0)
         over = cfg.num_workers * local_ranks > cores
         window = max(slice_s - startup, MIN_WINDOW_S)
         try:
@@ -462,7 +462,7 @@ def tune_loader(dataset: Any, *, batch_size: int, budget_s: float = 60.0, target
         else:
             notes.append("no GPU here: pin_memory not measured (it matters only for copies to a GPU)")
         if hasattr(dataset, "__len__") and not isinstance(dataset, torch.utils.data.IterableDataset):
-            if left_s() > 0:
+            if left_s() > 2 * best.startup_s:
                 fresh, again = measure_restart(dataset, base, batch_size=batch_size, collate_fn=collate_fn,
                                                clock=clock)
                 persistent = PersistentCheck(base.num_workers, fresh, again, again < PERSISTENT_HELPS * fresh)
