@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 from pathlib import Path
 
 import msgspec
@@ -28,11 +29,11 @@ def test_cost_of_the_issue_example() -> None:
     r = calc.cost(64, 72, 0.55, 2.5, 0.9)
     assert r.gpu_hours == 4608
     assert r.wasted_gpu_hours == pytest.approx(2073.6, **EXACT)
-    assert r.wasted_usd == pytest.approx(5184.0, **EXACT)
+    assert r.wasted_money == pytest.approx(5184.0, **EXACT)
     assert r.hours_at_target == pytest.approx(44.0, **EXACT)
     assert r.hours_saved == pytest.approx(28.0, **EXACT)
     assert r.gpu_hours_saved == pytest.approx(1792.0, **EXACT)
-    assert r.usd_saved == pytest.approx(4480.0, **EXACT)
+    assert r.money_saved == pytest.approx(4480.0, **EXACT)
     assert r.notes == []
 
 
@@ -67,10 +68,10 @@ def test_rounding_is_only_in_what_is_shown() -> None:
 def test_full_utilization_wastes_nothing_and_saves_nothing() -> None:
     r = calc.cost(8, 10, 1.0, 2.0, 0.9)
     assert r.wasted_gpu_hours == 0.0
-    assert r.wasted_usd == 0.0
+    assert r.wasted_money == 0.0
     assert r.hours_at_target == 10.0
     assert r.hours_saved == 0.0
-    assert r.usd_saved == 0.0
+    assert r.money_saved == 0.0
     assert any("nothing to save" in n for n in r.notes)
 
 
@@ -80,7 +81,7 @@ def test_target_at_or_below_current_saves_zero_never_negative(target: float) -> 
     assert r.hours_at_target == 10.0
     assert r.hours_saved == 0.0
     assert r.gpu_hours_saved == 0.0
-    assert r.usd_saved == 0.0
+    assert r.money_saved == 0.0
     assert math.copysign(1.0, r.hours_saved) == 1.0  # not -0.0 either
     assert line(r.lines, "hours_at_target").formula.startswith("hours (target ≤ utilization")
 
@@ -88,7 +89,7 @@ def test_target_at_or_below_current_saves_zero_never_negative(target: float) -> 
 def test_zero_utilization_wastes_everything_but_has_no_time_at_target() -> None:
     r = calc.cost(8, 10, 0.0, 2.0)
     assert r.wasted_gpu_hours == 80.0
-    assert r.wasted_usd == 160.0
+    assert r.wasted_money == 160.0
     with pytest.raises(GpuidleError, match="utilization 0"):
         calc.cost(8, 10, 0.0, 2.0, 0.9)
 
@@ -109,7 +110,7 @@ def test_bad_inputs_are_clear_errors(args: tuple[float, ...], message: str) -> N
 
 def test_existing_formulas() -> None:
     assert calc.wasted_gpu_hours(64, 72, 0.55) == pytest.approx(2073.6, **EXACT)
-    assert calc.wasted_usd(64, 72, 0.55, 2.5) == pytest.approx(5184.0, **EXACT)
+    assert calc.wasted_money(64, 72, 0.55, 2.5) == pytest.approx(5184.0, **EXACT)
     assert calc.hours_at_target(72, 0.55, 0.9) == pytest.approx(44.0, **EXACT)
     assert calc.hours_at_target(72, 0.95, 0.9) == 72
     assert calc.utilization_after(busy_s=0.5, window_s=1.0, idle_removed_s=0.25) == pytest.approx(2 / 3, **EXACT)
@@ -172,7 +173,7 @@ def test_cost_from_a_trace_report() -> None:
     assert r.gpus == 2  # the trace's world size
     assert r.wasted_gpu_hours == pytest.approx(15.0, **EXACT)  # 2 × 10 × 0.75
     assert r.hours_at_target == pytest.approx(5.0, **EXACT)   # 10 × 0.25 / 0.5
-    assert r.usd_saved == pytest.approx(20.0, **EXACT)        # 2 × 5 × 2
+    assert r.money_saved == pytest.approx(20.0, **EXACT)        # 2 × 5 × 2
 
 
 def test_cli_cost_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -180,8 +181,8 @@ def test_cli_cost_json(capsys: pytest.CaptureFixture[str]) -> None:
                "--target", "0.9", "--lr", "0.1", "--batch", "256", "--new-batch", "1024", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["schema"] == "gpuidle.cost/1"
-    assert out["cost"]["usd_saved"] == pytest.approx(4480.0, **EXACT)
+    assert out["schema"] == "gpuidle.cost/2"
+    assert out["cost"]["money_saved"] == pytest.approx(4480.0, **EXACT)
     assert [x["name"] for x in out["lines"]] == ["lr_linear", "lr_sqrt"]
 
 
@@ -205,3 +206,83 @@ def test_cli_cost_errors(argv: list[str], needle: str, capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert err.startswith("gpuidle: error: ")
     assert needle in err
+
+
+def _worked_result(worked: str) -> Decimal:
+    """The number after the last ``=`` of a worked line."""
+    return Decimal(worked.rsplit("=", 1)[1].strip())
+
+
+def test_worked_lines_reproduce_their_result_exactly() -> None:
+    # every operand is printed in full and the printed result is the exact product
+    r = calc.cost(3, 87654321100000000000.0, 0.123456789, 1.5, 0.9)
+    h, u, p = Decimal("87654321100000000000"), Decimal("0.123456789"), Decimal("1.5")
+    wasted = line(r.lines, "wasted_gpu_hours")
+    assert wasted.worked == "3 × 87654321100000000000 × (1 − 0.123456789) = 230498400225057156300"
+    assert _worked_result(wasted.worked) == 3 * h * (1 - u)
+    money = line(r.lines, "wasted_money")
+    assert _worked_result(money.worked) == 3 * h * (1 - u) * p
+    assert "2048" not in money.shown  # no binary float noise: 87654321100000000000 is not 87654321100000002048
+    assert line(r.lines, "gpu_hours").shown == "262,962,963,300,000,000,000.0 GPU-h"
+    at = line(r.lines, "hours_at_target")
+    q = _worked_result(at.worked)
+    assert abs(q - h * u / Decimal("0.9")) <= abs(q) * Decimal("1e-14")  # the quotient to 15 digits
+    saved = line(r.lines, "hours_saved")
+    assert saved.worked == f"87654321100000000000 − {at.worked.rsplit('= ', 1)[1]} = {_worked_result(saved.worked)}"
+    assert _worked_result(saved.worked) == h - q  # the rounded quotient is what the next line uses
+
+
+def test_full_precision_inputs_are_printed_in_full() -> None:
+    r = calc.cost(1, 1, 0.123456789, 1.0)
+    assert line(r.lines, "wasted_money").worked == "1 × 1 × (1 − 0.123456789) × 1 = 0.876543211"
+    assert line(r.lines, "wasted_money").value == 0.876543211
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"hours": math.inf}, {"hours": math.nan}, {"price_per_gpu_hour": math.inf}, {"price_per_gpu_hour": math.nan},
+])
+def test_non_finite_inputs_are_refused(kwargs: dict[str, float]) -> None:
+    args: dict[str, float] = {"gpus": 8, "hours": 10.0, "utilization": 0.5, "price_per_gpu_hour": 2.0, **kwargs}
+    with pytest.raises(GpuidleError, match="finite"):
+        calc.cost(**args)  # type: ignore[arg-type]
+
+
+def test_results_beyond_float_range_are_refused() -> None:
+    with pytest.raises(GpuidleError, match="beyond what can be computed"):
+        calc.cost(64, 1e308, 0.5)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--hours", "inf", "--utilization", "0.5"],
+    ["--hours", "10", "--utilization", "0.5", "--price-per-gpu-hour", "nan"],
+    ["--hours", "10", "--utilization", "0.5", "--price-per-gpu-hour", "inf"],
+    ["--hours", "1e308", "--utilization", "0.5"],
+])
+def test_cli_refuses_non_finite_and_overflow(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cost", "--gpus", "64", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("gpuidle: error:")
+
+
+def test_cli_gpus_is_the_world_size_of_other_formulas(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cost", "--gpus", "8", "--effective-batch", "4096", "--micro-batch", "48", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cost"] is None
+    assert out["lines"][0]["value"] == 11  # ⌈4096 / (48 × 8)⌉ = ⌈10.67⌉
+
+
+def test_cli_one_gpu_is_singular(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cost", "--gpus", "1", "--hours", "10", "--utilization", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "1 GPU ×" in out
+    assert "1 GPUs" not in out
+
+
+def test_json_money_keys_are_currency_neutral(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cost", "--gpus", "2", "--hours", "10", "--utilization", "0.5", "--price-per-gpu-hour", "3",
+                 "--target", "0.9", "--json"]) == 0
+    cost = json.loads(capsys.readouterr().out)["cost"]
+    assert cost["wasted_money"] == 30.0                                  # 2 × 10 × 0.5 × 3
+    assert cost["money_saved"] == pytest.approx(2 * (10 - 10 * 0.5 / 0.9) * 3, rel=1e-14)
+    assert not any("usd" in k for k in cost)

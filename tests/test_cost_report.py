@@ -22,9 +22,9 @@ def test_cost_in_the_json_report() -> None:
     cost = doc["cost"]
     assert cost["gpus"] == 2  # world size of the job
     assert cost["wasted_gpu_hours"] == pytest.approx(2 * 72 * (1 - u))
-    assert cost["wasted_usd"] == pytest.approx(2 * 72 * (1 - u) * 2.5)
+    assert cost["wasted_money"] == pytest.approx(2 * 72 * (1 - u) * 2.5)
     assert cost["hours_at_target"] == pytest.approx(72 * u / 0.9)
-    assert cost["usd_saved"] == pytest.approx(2 * (72 - 72 * u / 0.9) * 2.5)
+    assert cost["money_saved"] == pytest.approx(2 * (72 - 72 * u / 0.9) * 2.5)
     assert all(line["formula"] and line["worked"] for line in cost["lines"])
 
 

@@ -194,6 +194,7 @@ def test_memory_headroom_and_larger_batch() -> None:
     assert rec.gain.step_s_saved == pytest.approx(4 * (1 - 1 / 3) / 10)
     assert "lr = base_lr * 3" in rec.fix
     assert "accumulation" in rec.fix
+    assert rec.cause == "spare_memory"  # unused memory is its own kind, not an idle cause
 
 
 def test_throttling_and_sm_activity() -> None:
@@ -316,3 +317,42 @@ def test_pointer_to_the_tools_only_when_utilization_is_low() -> None:
     assert not any(r.id == "find_the_cause" for r in recommend(analyze(series(dev(0, SECONDS, [85] * 10)))))
     low = recommend(analyze(series(dev(0, SECONDS, [60] * 10))))
     assert [r.id for r in low] == ["find_the_cause"]
+
+
+def _drops_log(offsets: list[float]) -> tuple[UtilSeries, dict[str, float]]:
+    """GPUs sampled each second, each GPU's lines ``offset`` s later (as real logs are), idle for the first 5 s
+    and after 125 s, at 90 % otherwise but for 6 drops to 2 %, 3 s each, every 20 s from 15 s."""
+    base = np.arange(0.0, 131.0)
+    u = np.where((base >= 5) & (base < 125), 90.0, 0.0)
+    for start in range(15, 125, 20):
+        u[(base >= start) & (base < start + 3)] = 2.0
+    devices = [dev(i, list(base + off), list(u)) for i, off in enumerate(offsets)]
+    active = (base >= 5) & (base < 125)
+    busy = float(np.sum(u[active]) / 100)          # busy seconds in the active 120 s of each GPU
+    truth = {"drops": 6, "idle_s": 18.0, "active_s": float(active.sum()), "busy_s": busy,
+             "after": busy / (float(active.sum()) - 18.0)}
+    return series(*devices), truth
+
+
+def test_per_gpu_timestamp_offsets_leave_no_sliver() -> None:
+    s, truth = _drops_log([0.0, 0.004, 0.007, 0.011])
+    a = analyze(s)
+    for d in a.devices:
+        assert d.idle_period_count == truth["drops"]          # not 7: no 4-11 ms idle sliver at the end
+        assert d.idle_s == pytest.approx(truth["idle_s"])
+        assert d.periodic is not None
+        assert d.periodic.count == truth["drops"]
+        assert d.window_s == pytest.approx(truth["active_s"])
+        assert d.mean_util_pct == pytest.approx(100 * truth["busy_s"] / truth["active_s"])
+    (f,) = [f for f in a.findings if f.kind == "periodic_drops"]
+    assert f.evidence["count"] == truth["drops"]
+    stall = next(r for r in recommend(a) if r.id == "periodic_stall")
+    # 92.16 busy seconds of 120, 18 s of drops removed: 92.16 / 102 = 90.4 %
+    assert stall.gain.utilization_after == pytest.approx(truth["after"], abs=5e-4)
+
+
+def test_idle_column_says_periods_and_their_total() -> None:
+    s, truth = _drops_log([0.0, 0.004])
+    text = UtilTerminalRenderer().render(build_report(s, analyze(s)), RenderOptions(width=200))
+    assert f"{truth['drops']} periods, {truth['idle_s']:.1f} s in all" in text   # 6 periods totalling 18 s
+    assert "6× 18.0 s" not in text

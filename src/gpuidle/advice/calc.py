@@ -1,10 +1,13 @@
 """The standard formulas behind every gain and cost gpuidle prints.
 
 Each function states its formula; units are in the names (``_s`` seconds, ``_gbps``
-gigabytes per second, ``_usd`` money in the user's currency).
+gigabytes per second; money is in the user's currency, whatever the price was given in).
 """
 
 from __future__ import annotations
+
+import decimal
+import math
 
 import msgspec
 
@@ -81,7 +84,7 @@ MONEY = "money"
 class CalcReport(msgspec.Struct, kw_only=True):
     """``gpuidle cost``: the cost, and any of the other formulas asked for."""
 
-    schema: str = "gpuidle.cost/1"
+    schema: str = "gpuidle.cost/2"
     cost: CostResult | None = None
     lines: list[CalcLine] = []
     notes: list[str] = []
@@ -92,15 +95,55 @@ def _num(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 1e6 else f"{x:.6g}"
 
 
-def _hours(name: str, value: float, formula: str, worked: str, unit: str = "h") -> CalcLine:
-    return CalcLine(name, value, unit, formula, f"{worked} = {_num(value)}", "shown to 0.1", f"{value:,.1f} {unit}")
+# The cost is computed in exact decimals from the numbers as given (a float's shortest
+# repr), so each worked line prints exactly the operands and the result it computed, and
+# huge inputs carry no binary float noise. Divisions round to 15 significant digits; the
+# rounded quotient is what the later lines use and print.
+_EXACT = decimal.Context(prec=400, Emax=999_999, Emin=-999_999, traps=[decimal.InvalidOperation])
+_QUOTIENT_DIGITS = 15
 
 
-def _money(name: str, value: float, formula: str, worked: str) -> CalcLine:
-    return CalcLine(name, value, MONEY, formula, f"{worked} = {_num(value)}", "shown to 0.01", f"{value:,.2f}")
+def _dec(x: float, flag: str) -> decimal.Decimal:
+    if not math.isfinite(x):
+        raise GpuidleError(f"{flag} {x}: must be a finite number")
+    return decimal.Decimal(repr(float(x)))
 
 
-def wasted_usd(gpus: int, hours: float, utilization: float, price_per_gpu_hour: float) -> float:
+def _exact(d: decimal.Decimal) -> str:
+    """A decimal exactly, plain up to 21 integer digits, else in scientific notation."""
+    d = d.normalize(_EXACT)
+    if d == 0:
+        return "0"
+    return f"{d:f}" if -7 < d.adjusted() < 21 else f"{d:E}"
+
+
+def _quotient(a: decimal.Decimal, b: decimal.Decimal) -> decimal.Decimal:
+    q = _EXACT.divide(a, b)
+    return q.quantize(decimal.Decimal(1).scaleb(q.adjusted() - _QUOTIENT_DIGITS + 1), context=_EXACT)
+
+
+def _float(name: str, d: decimal.Decimal) -> float:
+    """The float of an exact result; one beyond float range is an input error, not an inf."""
+    v = float(d)
+    if not math.isfinite(v):
+        raise GpuidleError(f"{name.replace('_', ' ')} is {_exact(d)}: beyond what can be computed in floats",
+                           "check --gpus, --hours and --price-per-gpu-hour")
+    return v
+
+
+def _line(name: str, d: decimal.Decimal, unit: str, formula: str, worked: str, places: int) -> CalcLine:
+    value = _float(name, d)
+    if d.adjusted() < 21:
+        shown = f"{d.quantize(decimal.Decimal(1).scaleb(-places), context=_EXACT):,.{places}f}"
+        rounding = "shown to 0.1" if places == 1 else "shown to 0.01"
+    else:
+        shown, rounding = f"{d:.6E}", "shown to 7 significant digits"
+    label = unit if unit != MONEY else ""
+    return CalcLine(name, value, unit, formula, f"{worked} = {_exact(d)}", rounding,
+                    f"{shown} {label}".rstrip())
+
+
+def wasted_money(gpus: int, hours: float, utilization: float, price_per_gpu_hour: float) -> float:
     """``GPUs * hours * (1 - utilization) * price``."""
     if price_per_gpu_hour < 0:
         raise GpuidleError(f"price {price_per_gpu_hour} is negative")
@@ -117,11 +160,15 @@ def cost(gpus: int, hours: float, utilization: float, price_per_gpu_hour: float 
     """
     if gpus < 1:
         raise GpuidleError(f"--gpus {gpus}: need at least one GPU")
-    if not hours > 0:
+    h = _dec(hours, "--hours")
+    if not h > 0:
         raise GpuidleError(f"--hours {hours}: must be above 0")
+    u = _dec(utilization, "--utilization")
     _check_utilization(utilization)
-    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+    p = None if price_per_gpu_hour is None else _dec(price_per_gpu_hour, "--price-per-gpu-hour")
+    if p is not None and p < 0:
         raise GpuidleError(f"--price-per-gpu-hour {price_per_gpu_hour} is negative")
+    t = None if target is None else _dec(target, "--target")
     if target is not None:
         _check_utilization(target)
         if target == 0:
@@ -129,40 +176,51 @@ def cost(gpus: int, hours: float, utilization: float, price_per_gpu_hour: float 
         if utilization == 0:
             raise GpuidleError("utilization 0: the GPUs did no work, so the time for the same work at a target "
                                "is undefined", "give the measured utilization (gpuidle analyze reports it)")
-    g, h, u = gpus, float(hours), float(utilization)
+    g = decimal.Decimal(gpus)
+    mul = _EXACT.multiply
+    gh = mul(g, h)
+    idle = _EXACT.subtract(decimal.Decimal(1), u)
+    wasted = mul(gh, idle)
+    hs, us = _exact(h), _exact(u)
     lines = [
-        _hours("gpu_hours", g * h, "GPUs × hours", f"{g} × {_num(h)}", "GPU-h"),
-        _hours("wasted_gpu_hours", wasted_gpu_hours(g, h, u), "GPUs × hours × (1 − utilization)",
-               f"{g} × {_num(h)} × (1 − {_num(u)})", "GPU-h"),
+        _line("gpu_hours", gh, "GPU-h", "GPUs × hours", f"{gpus} × {hs}", 1),
+        _line("wasted_gpu_hours", wasted, "GPU-h", "GPUs × hours × (1 − utilization)",
+              f"{gpus} × {hs} × (1 − {us})", 1),
     ]
     notes: list[str] = []
-    money = None
-    if price_per_gpu_hour is not None:
-        p = price_per_gpu_hour
-        money = wasted_usd(g, h, u, p)
-        lines.append(_money("wasted_money", money, "GPUs × hours × (1 − utilization) × price",
-                            f"{g} × {_num(h)} × (1 − {_num(u)}) × {_num(p)}"))
-    at = saved = gh_saved = money_saved = None
-    if target is not None:
-        at = hours_at_target(h, u, target)
-        saved = h - at
-        gh_saved = g * saved
-        if target <= u:
-            notes.append(f"target {target:.1%} is at or below the current {u:.1%}: nothing to save")
-            lines.append(_hours("hours_at_target", at, "hours (target ≤ utilization: unchanged)", _num(h)))
+    money = at = saved = gh_saved = money_saved = None
+    if p is not None:
+        money = mul(wasted, p)
+        lines.append(_line("wasted_money", money, MONEY, "GPUs × hours × (1 − utilization) × price",
+                           f"{gpus} × {hs} × (1 − {us}) × {_exact(p)}", 2))
+    if t is not None:
+        if t <= u:
+            at = h
+            notes.append(f"target {target:.1%} is at or below the current {utilization:.1%}: nothing to save")
+            lines.append(_line("hours_at_target", at, "h", "hours (target ≤ utilization: unchanged)", hs, 1))
         else:
-            lines.append(_hours("hours_at_target", at, "hours × utilization / target",
-                                f"{_num(h)} × {_num(u)} / {_num(target)}"))
-        lines.append(_hours("hours_saved", saved, "hours − hours_at_target", f"{_num(h)} − {_num(at)}"))
-        lines.append(_hours("gpu_hours_saved", gh_saved, "GPUs × hours_saved", f"{g} × {_num(saved)}", "GPU-h"))
-        if price_per_gpu_hour is not None:
-            money_saved = gh_saved * price_per_gpu_hour
-            lines.append(_money("money_saved", money_saved, "GPUs × hours_saved × price",
-                                f"{g} × {_num(saved)} × {_num(price_per_gpu_hour)}"))
-    return CostResult(gpus=g, hours=h, utilization=u, price_per_gpu_hour=price_per_gpu_hour, target=target,
-                      gpu_hours=g * h, wasted_gpu_hours=wasted_gpu_hours(g, h, u), wasted_usd=money,
-                      hours_at_target=at, hours_saved=saved, gpu_hours_saved=gh_saved, usd_saved=money_saved,
-                      lines=lines, notes=notes)
+            at = _quotient(mul(h, u), t)
+            lines.append(_line("hours_at_target", at, "h", "hours × utilization / target",
+                               f"{hs} × {us} / {_exact(t)}", 1))
+        saved = _EXACT.subtract(h, at)
+        lines.append(_line("hours_saved", saved, "h", "hours − hours_at_target", f"{hs} − {_exact(at)}", 1))
+        gh_saved = mul(g, saved)
+        lines.append(_line("gpu_hours_saved", gh_saved, "GPU-h", "GPUs × hours_saved",
+                           f"{gpus} × {_exact(saved)}", 1))
+        if p is not None:
+            money_saved = mul(gh_saved, p)
+            lines.append(_line("money_saved", money_saved, MONEY, "GPUs × hours_saved × price",
+                               f"{gpus} × {_exact(saved)} × {_exact(p)}", 2))
+
+    def opt(name: str, d: decimal.Decimal | None) -> float | None:
+        return None if d is None else _float(name, d)
+
+    return CostResult(gpus=gpus, hours=float(hours), utilization=float(utilization),
+                      price_per_gpu_hour=price_per_gpu_hour, target=target,
+                      gpu_hours=_float("gpu_hours", gh), wasted_gpu_hours=_float("wasted_gpu_hours", wasted),
+                      wasted_money=opt("wasted_money", money), hours_at_target=opt("hours_at_target", at),
+                      hours_saved=opt("hours_saved", saved), gpu_hours_saved=opt("gpu_hours_saved", gh_saved),
+                      money_saved=opt("money_saved", money_saved), lines=lines, notes=notes)
 
 
 def lr_lines(lr: float, batch_old: int, batch_new: int) -> list[CalcLine]:
@@ -220,4 +278,9 @@ def cost_from_report(report: AnalysisReport, price_per_gpu_hour: float | None = 
         or max((r.world_size or 0) for r in report.ranks) or len(report.ranks)
     result = cost(n, hours, min(max(u, 0.0), 1.0), price_per_gpu_hour, target if target and u > 0 else None)
     return msgspec.structs.replace(result, notes=[
-        *result.notes, f"utilization {u:.1%}: mean over {len(report.ranks)} traced rank(s); {n} GPU(s)"])
+        *result.notes, f"utilization {u:.1%}: mean over {_count(len(report.ranks), 'traced rank')}; "
+                       f"{_count(n, 'GPU')}"])
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -16,6 +16,8 @@ from gpuidle.analysis.utilization import UtilAnalysis
 from gpuidle.model import Cause, Gain, Recommendation, UtilFinding, UtilizationReport, UtilSeries, UtilSource
 
 COMPUTE = "compute"
+SPARE_MEMORY = "spare_memory"
+"""The kind of the larger-batch advice: unused device memory is no idle cause (not launch overhead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +165,7 @@ def larger_batch(x: UtilRuleInput) -> list[Recommendation]:
         ev["assumption"] = (f"idle not explained by other findings ({fixed:.1f} s) is per-step overhead and "
                             f"shrinks {k}x; the rest stays")
         out.append(Recommendation(
-            id="larger_batch_memory", cause=Cause.LAUNCH_OVERHEAD.value,
+            id="larger_batch_memory", cause=SPARE_MEMORY,
             title=f"{f.share * 100:.0f} % of device memory is unused: try a {k}x larger batch",
             evidence=ev,
             fix=f"batch_size = {k} * batch_size\n"

@@ -2,8 +2,8 @@
 
 A run is summarised per step, not per window: two profiles rarely cover the same number
 of steps, but a step is the unit of work that must get faster. Utilization is busy over
-window, summed over the primary device of every rank; step time and idle by cause are
-means over every step of every rank.
+window, summed over the primary device of every rank; the step time is the median and idle by
+cause the mean over every step of every rank.
 
 Two runs are *not comparable* when the work per step changed under them: another GPU
 model, another world size, or another batch size (when both runs record one). The
@@ -12,6 +12,7 @@ comparison is still computed, and says so.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from gpuidle.model import (
@@ -51,6 +52,15 @@ def world_size(report: AnalysisReport) -> int:
     return max(recorded) if recorded else len(report.ranks)
 
 
+def median_step_s(report: AnalysisReport) -> float:
+    """The median step time over all ranks' steps (a rank without steps counts its window as one step).
+
+    The median, as the tracker reports it: one slow step (a checkpoint, the first) does not move it.
+    """
+    durations = [d for r in report.ranks for d in ([s.dur_s for s in r.steps] or [r.primary().window_s])]
+    return statistics.median(durations) if durations else 0.0
+
+
 def summarize(report: AnalysisReport, info: RunInfo | None = None) -> RunSummary:
     """The per-step figures of one run."""
     info = info or RunInfo()
@@ -64,7 +74,7 @@ def summarize(report: AnalysisReport, info: RunInfo | None = None) -> RunSummary
         world_size=world_size(report), batch_size=info.batch_size,
         ranks=len(report.ranks), steps=steps,
         utilization=busy / window if window else 0.0,
-        step_s=window / steps,
+        step_s=median_step_s(report),
         idle_s=sum(d.idle_s for d in primaries) / steps,
         idle_by_cause_s={c.value: sum(d.idle_by_cause_s.get(c.value, 0.0) for d in primaries) / steps
                          for c in CAUSES},

@@ -11,7 +11,8 @@ is what utilization.gpu means: the share of time in which at least one kernel ra
 
 The window is the log without the GPU idle at its start and end (model loading,
 teardown): from the first to the end of the last sample in which any analysed device
-was above the idle threshold.
+was above the idle threshold, aligned to each device's own samples (a sample the window's
+end cuts to less than one sampling interval is left out, see :func:`_clip`).
 """
 
 from __future__ import annotations
@@ -134,10 +135,18 @@ def find_window(devices: list[DeviceSeries], host: HostSeries | None, interval: 
 
 
 def _clip(t: F64, w: F64, win: UtilWindow) -> tuple[np.ndarray, F64]:
-    """Samples starting inside the window, and their weights cut at its end."""
+    """Samples starting inside the window, and their weights cut at its end.
+
+    The window is aligned to each device's own samples: a sample the end cuts to less than one
+    sampling interval is left out. Another GPU's lines a few ms later (normal in real logs) end
+    the shared window that much later; the sliver of this GPU's next (idle) sample it takes in is
+    not an idle period.
+    """
     end = win.start_s + win.dur_s
     sel = (t >= win.start_s - 1e-9) & (t < end - 1e-9)
-    return sel, np.minimum(w[sel], end - t[sel])
+    cut = np.minimum(w, end - t)
+    sel &= (cut >= w - 1e-9) | (cut >= win.interval_s - 1e-9)
+    return sel, cut[sel]
 
 
 # ----------------------------------------------------------------------------------

@@ -3,25 +3,37 @@
 Every setting is measured the same way: ``iter(loader)`` to the first batch is the
 start-up (worker processes, the first fetch), reported apart; the batches the workers
 prefetched meanwhile (``num_workers × prefetch_factor``) are drained untimed; the
-steady-state rate is the number of batches after them over the time they took, taken
-at the consumer as a training loop sees them. The consumer does no work of its own, so
-the rate is the most the loader can deliver.
+steady-state rate is taken over at least :data:`PER_WORKER` batches per worker after
+them (a whole number of rounds: workers deliver in rounds, so a count cut mid-round reads
+high), at the consumer as a training loop sees them. The timed batches are split into
+:data:`CHUNKS` parts; the spread of their rates gives the noise of the rate (its relative
+standard error).
 
-``num_workers`` is swept from 0 to the usable cores, then ``prefetch_factor`` 4,
-``pin_memory`` (with a GPU only) and ``persistent_workers`` (its epoch start, on a
-small subset, against a fresh start) are tried on the winner. The recommendation is
-the fewest workers that reach the rate the GPU consumes (``1 / compute time per
-step``), or without a target the fewest within 5 % of the best rate; settings with
-``workers × local ranks > cores`` come last, as they oversubscribe the CPUs.
+With 0 workers the main process loads in series with the step: a training loop then
+runs at ``1 / (load + compute)`` per step, not at the loader's rate. With a target (the
+rate the GPU consumes, ``1 / compute time per step``) every setting's step rate is
+modelled so (:func:`step_rate`): 0 workers ``1 / (1 / rate + 1 / target)``, workers
+``min(rate, target)``. The recommendation is the fewest workers whose step rate reaches
+the target, within noise; without a target, the fewest workers within noise (at least
+5 %) of the best rate, 0 workers only when every worker setting is slower.
+
+``num_workers`` is swept 0, 1, 2, 4, … up to the usable cores, and on past them while
+the rate per worker still holds (an I/O-bound dataset: sleeping workers leave the CPU
+free); a setting is marked *contended* only when its rate per worker falls against the
+one before it with more processes than cores. Then ``prefetch_factor`` 4, ``pin_memory``
+(with a GPU only) and ``persistent_workers`` are tried on the winner, while the budget
+lasts: nothing starts once it is spent.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,10 +45,18 @@ from gpuidle.model import AnalysisReport
 
 SCHEMA = "gpuidle.bench.loader/1"
 KNEE = 0.95
-"""Without a target: the fewest workers within this share of the best rate."""
+"""Without a target: the fewest workers within this share of the best rate (or its noise, if larger)."""
 MIN_WINDOW_S = 0.25
-MIN_BATCHES = 3
-"""Steady-state batches needed for a rate; the window stretches (up to 3×) to get them."""
+MIN_BATCHES = 4
+"""Steady-state batches needed for a rate, and per worker (:data:`PER_WORKER`)."""
+PER_WORKER = 4
+CHUNKS = 4
+"""The timed batches are split in this many parts for the noise of the rate."""
+NOISE_SIGMAS = 2.0
+"""Two rates differ when they are further apart than this many combined standard errors."""
+SCALING = 0.75
+"""Past the cores the sweep goes on while doubling the workers keeps this share of the rate per worker."""
+MAX_WORKERS_PER_CORE = 8
 DEFAULT_PREFETCH = 2
 PERSISTENT_HELPS = 0.5
 """persistent_workers is recommended when its epoch start takes under half a fresh start."""
@@ -63,9 +83,15 @@ class LoaderPoint(msgspec.Struct):
     batches_per_s: float | None
     samples_per_s: float | None
     oversubscribed: bool
-    """``num_workers × local ranks > cores``."""
+    """``num_workers × local ranks > cores``: more processes than cores (by count alone)."""
     epoch_ended: bool = False
     error: str | None = None
+    noise: float | None = None
+    """Relative standard error of ``batches_per_s``, from the spread of its parts."""
+    step_per_s: float | None = None
+    """With a target: the steps per second a training loop would get (0 workers: load and compute in series)."""
+    contended: bool = False
+    """Oversubscribed, and its rate per worker fell against the setting before it: the numbers show contention."""
 
 
 class PersistentCheck(msgspec.Struct):
@@ -175,36 +201,74 @@ def _loader(dataset: Any, cfg: LoaderConfig, batch_size: int, collate_fn: Any, s
 
 
 def measure_point(dataset: Any, cfg: LoaderConfig, *, batch_size: int, window_s: float, collate_fn: Any = None,
-                  sampler: Any = None, oversubscribed: bool = False, clock: Clock = time.perf_counter) -> LoaderPoint:
-    """One setting: start-up, then the steady-state rate over about ``window_s`` seconds."""
-    loader = _loader(dataset, cfg, batch_size, collate_fn, sampler)
+                  sampler: Any = None, oversubscribed: bool = False, clock: Clock = time.perf_counter,
+                  max_s: float | None = None, caught: list[str] | None = None) -> LoaderPoint:
+    """One setting: start-up, then the steady-state rate over about ``window_s`` seconds.
+
+    The window stretches (up to ``max_s`` after the first batch, 3 × ``window_s`` by default)
+    until :data:`PER_WORKER` batches per worker are timed. torch's own warnings (its
+    oversubscription warning, printed at each ``iter``) go to ``caught``, once each.
+    """
+    w = max(cfg.num_workers, 1)
     prefilled = cfg.num_workers * (cfg.prefetch_factor or DEFAULT_PREFETCH) if cfg.num_workers else 0
-    t0 = clock()
-    it = iter(loader)
-    try:
-        next(it)
-    except StopIteration:
-        raise GpuidleError("the dataset gave no batch", "check its length, or lower --batch-size") from None
-    first = clock()
-    stamps = [first]
-    ended = False
-    while True:
-        elapsed = stamps[-1] - first
-        steady = len(stamps) - 1 - prefilled
-        if elapsed >= window_s and (steady >= MIN_BATCHES or elapsed >= 3 * window_s):
-            break
+    need = max(MIN_BATCHES, PER_WORKER * w)
+    cap = max_s if max_s is not None else 3 * window_s
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loader = _loader(dataset, cfg, batch_size, collate_fn, sampler)
+        t0 = clock()
+        it = iter(loader)
         try:
             next(it)
         except StopIteration:
-            ended = True
-            break
-        stamps.append(clock())
-    del it, loader  # shuts the workers down, outside the timing
-    k = min(prefilled, max(len(stamps) - 1 - MIN_BATCHES, 0))
-    n, secs = len(stamps) - 1 - k, stamps[-1] - stamps[k]
-    rate = n / secs if n > 0 and secs > 0 else None
+            raise GpuidleError("the dataset gave no batch", "check its length, or lower --batch-size") from None
+        first = clock()
+        stamps = [first]
+        ended = False
+        while True:
+            elapsed = stamps[-1] - first
+            steady = len(stamps) - 1 - prefilled
+            if (elapsed >= window_s and steady >= need) or elapsed >= cap:
+                break
+            try:
+                next(it)
+            except StopIteration:
+                ended = True
+                break
+            stamps.append(clock())
+        del it, loader  # shuts the workers down, outside the timing
+    if caught is not None:
+        caught.extend(m for m in (str(x.message) for x in seen) if m not in caught)
+    rate, n, secs, noise = steady_rate(stamps, prefilled, w)
     return LoaderPoint(cfg, first - t0, n, secs, rate, None if rate is None else rate * batch_size,
-                       oversubscribed, ended)
+                       oversubscribed, ended, noise=noise)
+
+
+def steady_rate(stamps: Sequence[float], skip: int, rounds_of: int) -> tuple[float | None, int, float, float | None]:
+    """``(batches/s, batches, seconds, relative noise)`` from the arrival time of each batch.
+
+    The first ``skip`` batches after the first (prefetched while the workers started) are
+    left out when enough remain; the count is a whole number of rounds of ``rounds_of``
+    batches. The noise is the standard error of the mean of :data:`CHUNKS` parts' rates,
+    relative to the rate; None with fewer than two parts.
+    """
+    k = min(skip, max(len(stamps) - 1 - MIN_BATCHES, 0))
+    n = len(stamps) - 1 - k
+    if n >= rounds_of:
+        n -= n % rounds_of
+    secs = stamps[k + n] - stamps[k] if n > 0 else 0.0
+    if n <= 0 or secs <= 0:
+        return None, max(n, 0), secs, None
+    rate = n / secs
+    parts = min(CHUNKS, n // rounds_of)
+    noise = None
+    if parts >= 2:
+        size = (n // rounds_of // parts) * rounds_of
+        rates = [size / d for i in range(parts)
+                 if (d := stamps[k + (i + 1) * size] - stamps[k + i * size]) > 0]
+        if len(rates) >= 2:
+            noise = statistics.stdev(rates) / statistics.fmean(rates) / math.sqrt(len(rates))
+    return rate, n, secs, noise
 
 
 def measure_restart(dataset: Any, cfg: LoaderConfig, *, batch_size: int, collate_fn: Any = None,
@@ -235,11 +299,32 @@ def measure_restart(dataset: Any, cfg: LoaderConfig, *, batch_size: int, collate
     return fresh, again
 
 
+def step_rate(batches_per_s: float, workers: int, target: float) -> float:
+    """Steps per second of a training loop whose GPU computes ``1 / target`` per step.
+
+    0 workers: the batch is loaded in series with the step, ``1 / (1 / rate + 1 / target)``;
+    workers load while the GPU computes, ``min(rate, target)``.
+    """
+    if workers == 0:
+        return 1.0 / (1.0 / batches_per_s + 1.0 / target)
+    return min(batches_per_s, target)
+
+
+def _margin(p: LoaderPoint, q: LoaderPoint | None = None) -> float:
+    """Relative margin within which two rates are the same: their combined noise, ``NOISE_SIGMAS`` wide."""
+    a, b = p.noise or 0.0, (q.noise or 0.0) if q is not None else 0.0
+    return NOISE_SIGMAS * math.hypot(a, b)
+
+
 def recommend(points: Sequence[LoaderPoint], target: float | None,
               knee: float = KNEE) -> tuple[LoaderPoint | None, bool | None]:
-    """The smallest setting that reaches ``target`` (batches/s); without one, within ``knee`` of the best.
+    """The fewest workers that reach ``target`` (batches/s) within noise; without one, within noise of the best.
 
-    Returns ``(point, reaches_target)``; when nothing reaches the target, the fastest point and False.
+    With a target, 0 workers is judged by its serial step rate (:func:`step_rate`). Without one,
+    the bar is ``knee`` of the best rate or its noise margin, whichever is lower, and 0 workers
+    is chosen only when it beats every worker setting beyond noise and ``knee`` (its loading
+    would add to each step). Returns ``(point, reaches_target)``; when nothing reaches the target, the one
+    with the highest step rate and False.
     """
     ok = [p for p in points if p.batches_per_s is not None and p.error is None]
     if not ok:
@@ -247,16 +332,49 @@ def recommend(points: Sequence[LoaderPoint], target: float | None,
 
     def size(p: LoaderPoint) -> tuple[bool, int, bool, int]:
         c = p.config
-        return (p.oversubscribed, c.num_workers, c.pin_memory, c.prefetch_factor or 0)
+        return (p.contended, c.num_workers, c.pin_memory, c.prefetch_factor or 0)
 
-    best = max(ok, key=lambda p: p.batches_per_s or 0.0)
+    def rate(p: LoaderPoint) -> float:
+        return p.batches_per_s or 0.0
+
     if target is None:
-        bar = knee * (best.batches_per_s or 0.0)
-        return min((p for p in ok if (p.batches_per_s or 0.0) >= bar), key=size), None
-    reaching = [p for p in ok if (p.batches_per_s or 0.0) >= target]
+        workers = [p for p in ok if p.config.num_workers > 0]
+        best = max(workers or ok, key=rate)
+        serial = [p for p in ok if p.config.num_workers == 0]
+        if not workers or (serial and rate(serial[0]) * (1 - _margin(serial[0], best)) * knee > rate(best)):
+            return (serial or ok)[0], None
+        return min((p for p in workers if rate(p) >= rate(best) * min(knee, 1 - _margin(p, best))), key=size), None
+
+    def steps(p: LoaderPoint) -> float:
+        return step_rate(rate(p), p.config.num_workers, target)
+
+    reaching = [p for p in ok if steps(p) * (1 + _margin(p)) >= target]
     if reaching:
         return min(reaching, key=size), True
-    return best, False
+    return max(ok, key=steps), False
+
+
+def next_workers(points: Sequence[LoaderPoint], cores: int) -> int | None:
+    """Past the cores: double the workers while doubling kept :data:`SCALING` of the rate per worker."""
+    measured = sorted((p for p in points if p.batches_per_s and p.error is None and p.config.prefetch_factor
+                       in (None, DEFAULT_PREFETCH)), key=lambda p: p.config.num_workers)
+    if len(measured) < 2 or measured[-1].config.num_workers == 0:
+        return None
+    a, b = measured[-2], measured[-1]
+    w = b.config.num_workers
+    # 0 workers is one loading process: the main one
+    per_a, per_b = (a.batches_per_s or 0.0) / max(a.config.num_workers, 1), (b.batches_per_s or 0.0) / w
+    if w < cores or 2 * w > MAX_WORKERS_PER_CORE * cores or per_b < SCALING * per_a:
+        return None
+    return 2 * w
+
+
+def contended(p: LoaderPoint, before: LoaderPoint | None) -> bool:
+    """Oversubscribed and slower per worker than the setting before it, beyond noise and :data:`SCALING`."""
+    if not p.oversubscribed or before is None or not p.batches_per_s or not before.batches_per_s:
+        return False
+    per, per_before = p.batches_per_s / p.config.num_workers, before.batches_per_s / max(before.config.num_workers, 1)
+    return per * (1 + _margin(p, before)) < SCALING * per_before
 
 
 def snippet(cfg: LoaderConfig, batch_size: int) -> str:
@@ -272,36 +390,53 @@ def tune_loader(dataset: Any, *, batch_size: int, budget_s: float = 60.0, target
                 cores: int | None = None, variants: bool = True, collate_fn: Any = None, sampler: Any = None,
                 dataset_name: str = "", progress: Progress | None = None,
                 clock: Clock = time.perf_counter) -> LoaderResult:
-    """Sweep, measure, recommend. ``budget_s`` is shared out over the settings as they run."""
+    """Sweep, measure, recommend. ``budget_s`` is shared out over the settings as they run; none starts after it."""
     torch = import_torch()
     if batch_size < 1 or budget_s <= 0 or local_ranks < 1:
         raise GpuidleError("--batch-size, --budget-s and --local-ranks must be positive")
     cores = cores or usable_cores()
+    given = workers is not None
     sweep = sorted(set(workers)) if workers is not None else default_workers(cores)
     if not sweep or sweep[0] < 0:
         raise GpuidleError("worker counts must be 0 or more")
     cuda = bool(torch.cuda.is_available())
-    planned = len(sweep) + (3 if variants else 0)
+    # room for up to three doublings past the cores; unused, it goes to the settings after
+    planned = len(sweep) + (3 if variants else 0) + (0 if given else 3)
     start = clock()
     points: list[LoaderPoint] = []
-    warnings: list[str] = []
+    warns: list[str] = []
     notes: list[str] = []
+    caught: list[str] = []
+    skipped: list[str] = []
 
-    def run(cfg: LoaderConfig) -> LoaderPoint:
-        left = max(planned - len(points), 1)
-        slice_s = max((budget_s - (clock() - start)) / left, MIN_WINDOW_S)
+    def left_s() -> float:
+        return budget_s - (clock() - start)
+
+    def run(cfg: LoaderConfig) -> LoaderPoint | None:
         # the start-up is not part of the window: guess it from the last point with as many workers
         startup = next((p.startup_s for p in reversed(points) if p.config.num_workers == cfg.num_workers), 0.0)
+        if points and left_s() < startup + MIN_WINDOW_S:
+            skipped.append(_cfg_text(cfg))
+            return None
+        left = max(planned - len(points), 1)
+        slice_s = max(left_s() / left, MIN_WINDOW_S)
         over = cfg.num_workers * local_ranks > cores
+        window = max(slice_s - startup, MIN_WINDOW_S)
         try:
-            p = measure_point(dataset, cfg, batch_size=batch_size, window_s=max(slice_s - startup, MIN_WINDOW_S),
-                              collate_fn=collate_fn, sampler=sampler, oversubscribed=over, clock=clock)
+            p = measure_point(dataset, cfg, batch_size=batch_size, window_s=window, collate_fn=collate_fn,
+                              sampler=sampler, oversubscribed=over, clock=clock,
+                              max_s=max(min(3 * window, left_s() - startup), window), caught=caught)
         except GpuidleError:
             raise
         except Exception as err:
             if cfg.num_workers == 0:
                 raise GpuidleError(f"the dataset failed in the main process: {type(err).__name__}: {err}") from None
             p = LoaderPoint(cfg, 0.0, 0, 0.0, None, None, over, error=f"{type(err).__name__}: {err}")
+        before = next((q for q in reversed(points) if q.config.prefetch_factor == p.config.prefetch_factor
+                       and q.config.num_workers < p.config.num_workers and q.batches_per_s), None)
+        p.contended = contended(p, before)
+        if target_batches_per_s is not None and p.batches_per_s:
+            p.step_per_s = step_rate(p.batches_per_s, cfg.num_workers, target_batches_per_s)
         points.append(p)
         if progress is not None:
             progress(f"num_workers={cfg.num_workers}", len(points), planned)
@@ -309,6 +444,14 @@ def tune_loader(dataset: Any, *, batch_size: int, budget_s: float = 60.0, target
 
     for w in sweep:
         run(LoaderConfig(w, prefetch_factor=DEFAULT_PREFETCH if w else None))
+    more = None if given else next_workers(points, cores)
+    while more is not None and left_s() > 0:
+        run(LoaderConfig(more, prefetch_factor=DEFAULT_PREFETCH))
+        more = next_workers(points, cores)
+    swept = [p.config.num_workers for p in points]
+    if not given and swept and swept[-1] > cores:
+        notes.append(f"swept past the {cores} cores to {swept[-1]} workers: the rate per worker still held "
+                     "(the items wait on I/O or sleep, not on the CPU)")
     best, _ = recommend(points, target_batches_per_s)
     persistent = None
     if variants and best is not None and best.config.num_workers > 0:
@@ -319,25 +462,41 @@ def tune_loader(dataset: Any, *, batch_size: int, budget_s: float = 60.0, target
         else:
             notes.append("no GPU here: pin_memory not measured (it matters only for copies to a GPU)")
         if hasattr(dataset, "__len__") and not isinstance(dataset, torch.utils.data.IterableDataset):
-            fresh, again = measure_restart(dataset, base, batch_size=batch_size, collate_fn=collate_fn, clock=clock)
-            persistent = PersistentCheck(base.num_workers, fresh, again, again < PERSISTENT_HELPS * fresh)
+            if left_s() > 2 * best.startup_s:
+                fresh, again = measure_restart(dataset, base, batch_size=batch_size, collate_fn=collate_fn,
+                                               clock=clock)
+                persistent = PersistentCheck(base.num_workers, fresh, again, again < PERSISTENT_HELPS * fresh)
+            else:
+                skipped.append("persistent_workers")
+    if skipped:
+        notes.append(f"the {budget_s:g} s budget was spent: not measured: {', '.join(skipped)} (raise --budget-s)")
     chosen, reaches = recommend(points, target_batches_per_s)
     rec = None
     if chosen is not None:
         rec = msgspec.structs.replace(chosen.config, pin_memory=chosen.config.pin_memory or cuda,
                                       persistent_workers=bool(persistent and persistent.helps
                                                               and persistent.num_workers == chosen.config.num_workers))
-        if rec.num_workers * local_ranks > cores:
-            warnings.append(f"{rec.num_workers} workers × {local_ranks} local ranks = "
-                            f"{rec.num_workers * local_ranks} processes on {cores} cores: oversubscribed; "
-                            "the workers of the ranks will slow each other down")
+        n = rec.num_workers * local_ranks
+        if chosen.contended:
+            warns.append(f"{rec.num_workers} workers × {local_ranks} local ranks = {n} processes on {cores} cores: "
+                         "the rate per worker fell here, the workers contend for the cores")
+        elif n > cores and local_ranks > 1:
+            notes.append(f"{n} worker processes over {local_ranks} local ranks on {cores} cores: measured for one "
+                         "rank; the other ranks' workers share the same cores")
         if reaches is False:
-            warnings.append(f"no setting reaches {target_batches_per_s:.3g} batches/s; the best is "
-                            f"{chosen.batches_per_s:.3g}: the per-item work itself is too slow "
-                            "(decode/augment on the GPU, cache preprocessed data, or faster storage)")
-    over = [p.config.num_workers for p in points if p.oversubscribed and p.config.prefetch_factor in (None, 2)]
-    if over:
-        notes.append(f"num_workers {sorted(set(over))} oversubscribe {cores} cores with {local_ranks} local rank(s)")
+            warns.append(f"no setting reaches {target_batches_per_s:.3g} batches/s; the best step rate is "
+                         f"{chosen.step_per_s or chosen.batches_per_s or 0:.3g}: the per-item work itself is too "
+                         "slow (decode/augment on the GPU, cache preprocessed data, or faster storage)")
+        if rec.num_workers == 0 and target_batches_per_s is None and chosen.batches_per_s:
+            notes.append(f"with 0 workers each step also waits {1e3 / chosen.batches_per_s:.1f} ms for its batch "
+                         "(loading runs in series with compute)")
+    hot = sorted({p.config.num_workers for p in points if p.contended})
+    if hot:
+        notes.append(f"num_workers {hot}: the rate per worker fell with more processes than the {cores} cores")
+    if caught:
+        notes.append(f"torch warned ({len(caught)} kind(s), said once here): {caught[0]}"
+                     + (" — the measured rates above say whether the setting really slows down" if hot or
+                        any(p.oversubscribed for p in points) else ""))
     if any(p.epoch_ended for p in points):
         notes.append("the dataset ran out within a measurement: its rates rest on few batches")
     return LoaderResult(
@@ -345,7 +504,16 @@ def tune_loader(dataset: Any, *, batch_size: int, budget_s: float = 60.0, target
         cores=cores, local_ranks=local_ranks, cuda=cuda, budget_s=budget_s, elapsed_s=clock() - start,
         target_batches_per_s=target_batches_per_s, target_source=target_source, points=points,
         persistent=persistent, recommended=rec, recommended_batches_per_s=chosen.batches_per_s if chosen else None,
-        reaches_target=reaches, snippet=snippet(rec, batch_size) if rec else None, warnings=warnings, notes=notes)
+        reaches_target=reaches, snippet=snippet(rec, batch_size) if rec else None, warnings=warns, notes=notes)
+
+
+def _cfg_text(cfg: LoaderConfig) -> str:
+    bits = [f"num_workers={cfg.num_workers}"]
+    if cfg.prefetch_factor not in (None, DEFAULT_PREFETCH):
+        bits.append(f"prefetch_factor={cfg.prefetch_factor}")
+    if cfg.pin_memory:
+        bits.append("pin_memory=True")
+    return " ".join(bits)
 
 
 def _len(dataset: Any) -> int | None:

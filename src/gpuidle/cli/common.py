@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -49,9 +50,17 @@ def positive_int(text: str) -> int:
 
 def _number(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """Any finite number (inf and nan are refused: they would only print inf or nan)."""
+    return _number(text)
 
 
 def positive_float(text: str) -> float:

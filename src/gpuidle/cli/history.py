@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuidle import api, ledger
-from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int
+from gpuidle.analysis import compare as comparison
+from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int, use_color
 from gpuidle.report import html
 from gpuidle.report.common import RenderOptions, ms, pct
 from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for
@@ -52,13 +53,31 @@ def _when(iso: str) -> str:
         return iso
 
 
+def _of_kind(kind: str, wanted: str) -> bool:
+    """``bench`` also matches the records of its sub-commands (``bench allreduce``, ``bench storage``)."""
+    return kind == wanted or kind.startswith(wanted + " ")
+
+
+def _gpus(r: ledger.Run) -> str:
+    """GPUs of the run; for a trace folder, the ranks found of the job's world size ("2 of 128")."""
+    if r.kind in ledger.ANALYSIS_KINDS:
+        try:
+            summary = comparison.summarize(r.analysis())
+        except ledger.LedgerError:
+            summary = None
+        if summary is not None and summary.ranks != summary.world_size:
+            return f"{summary.ranks} of {summary.world_size}"
+    return str(r.gpu_count) if r.gpu_count else ""
+
+
 def run_history(args: argparse.Namespace) -> int:
     path = Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
     if not path.exists():
         runs: list[ledger.Run] = []
     else:
         with ledger.Ledger(path) as book:
-            runs = book.runs(limit=args.limit, kind=args.kind)
+            runs = book.runs(limit=args.limit) if args.kind is None else \
+                [r for r in book.runs() if _of_kind(r.kind, args.kind)][:args.limit]
     if args.json:
         rows = [{k: v for k, v in msgspec.to_builtins(r).items() if k != "report"} for r in runs]
         emit(msgspec.json.format(msgspec.json.encode(rows).decode(), indent=2) + "\n", None)
@@ -69,10 +88,11 @@ def run_history(args: argparse.Namespace) -> int:
     console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 160)
     t = Table(box=None, header_style="bold", pad_edge=False, title=str(path), title_justify="left",
               title_style="bright_black")
-    for col in ("id", "when", "kind", "label", "GPUs", "util", "step", "commit", "inputs"):
-        t.add_column(col, justify="right" if col in ("id", "util", "step") else "left")
+    for col in ("id", "when", "kind", "label", "GPUs", "util", "median step", "commit", "inputs"):
+        t.add_column(col, justify="right" if col in ("id", "util", "median step") else "left")
     for r in runs:
-        gpus = f"{r.gpu_count or '?'} × {r.gpu_model}" if r.gpu_model else (str(r.gpu_count) if r.gpu_count else "")
+        count = _gpus(r)
+        gpus = f"{count or '?'} × {r.gpu_model}" if r.gpu_model else count
         commit = (r.git_commit[:10] + ("*" if r.git_dirty else "")) if r.git_commit else ""
         t.add_row(str(r.id), _when(r.created), r.kind, r.label or "", gpus,
                   "" if r.utilization is None else pct(r.utilization), "" if r.step_s is None else ms(r.step_s),
@@ -87,7 +107,7 @@ def run_compare(args: argparse.Namespace) -> int:
                                                  price_per_gpu_hour=args.price, steps=args.steps)
     renderer = compare_renderer_for("json" if args.json else args.format, args.out)()
     to_tty = args.out is None and sys.stdout.isatty()
-    emit(renderer.render(comparison, RenderOptions(color=to_tty)), args.out)
+    emit(renderer.render(comparison, RenderOptions(color=use_color(args, to_tty))), args.out)
     if args.html:
         emit(html.render_comparison(comparison, before, after), args.html)
     return 0

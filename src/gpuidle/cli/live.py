@@ -15,7 +15,16 @@ from collections.abc import Callable, Iterator, Sequence
 import msgspec
 
 from gpuidle import api
-from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int, record_run, warn
+from gpuidle.cli.common import (
+    Parser,
+    add_ledger_option,
+    emit,
+    positive_float,
+    positive_int,
+    record_run,
+    use_color,
+    warn,
+)
 from gpuidle.errors import GpuidleError
 from gpuidle.live.exporter import Exporter, LatestSample
 from gpuidle.live.monitor import (
@@ -140,7 +149,7 @@ def _render(report: UtilizationReport, args: argparse.Namespace, out: str | None
     fmt = "json" if args.json else args.format
     renderer = util_renderer_for(fmt, out)()
     to_tty = out is None and sys.stdout.isatty()
-    emit(renderer.render(report, RenderOptions(top=args.top, color=to_tty)), out)
+    emit(renderer.render(report, RenderOptions(top=args.top, color=use_color(args, to_tty))), out)
 
 
 def summarize_command(args: argparse.Namespace) -> int:

@@ -19,7 +19,18 @@ from typing import Any
 import msgspec
 
 from gpuidle.advice import calc
-from gpuidle.cli.common import Parser, add_ledger_option, emit, fraction, positive_float, positive_int, record_run, warn
+from gpuidle.cli.common import (
+    Parser,
+    add_ledger_option,
+    emit,
+    finite_float,
+    fraction,
+    positive_float,
+    positive_int,
+    record_run,
+    use_color,
+    warn,
+)
 from gpuidle.errors import GpuidleError
 from gpuidle.ledger import Facts
 from gpuidle.model import CalcLine
@@ -143,7 +154,7 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
     co.add_argument("--gpus", type=positive_int, help="GPUs in the job")
     co.add_argument("--hours", type=positive_float, help="hours the job runs")
     co.add_argument("--utilization", type=fraction, help="measured utilization, 0..1")
-    co.add_argument("--price-per-gpu-hour", type=float, help="price of one GPU-hour, any currency")
+    co.add_argument("--price-per-gpu-hour", type=finite_float, help="price of one GPU-hour, any currency")
     co.add_argument("--target", type=fraction, default=None, help="target utilization, 0..1 (e.g. 0.9)")
     co.add_argument("--from", dest="from_report", metavar="REPORT",
                     help="a gpuidle analyze --json report: GPUs and utilization from it")
@@ -153,7 +164,7 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
     co.add_argument("--effective-batch", type=positive_int, help="global batch wanted (with --micro-batch)")
     co.add_argument("--micro-batch", type=positive_int, help="per-GPU batch that fits in memory")
     co.add_argument("--world-size", type=positive_int, default=None, help="data-parallel ranks (default --gpus or 1)")
-    co.add_argument("--algbw", type=float, help="algorithm bandwidth in GB/s (with --collective, --ranks)")
+    co.add_argument("--algbw", type=finite_float, help="algorithm bandwidth in GB/s (with --collective, --ranks)")
     co.add_argument("--collective", default="all_reduce", help="collective for --algbw (default all_reduce)")
     co.add_argument("--ranks", type=positive_int, help="ranks in the collective for --algbw")
     co.add_argument("--json", action="store_true", help="print the JSON result")
@@ -170,7 +181,7 @@ def _print(result: msgspec.Struct, args: argparse.Namespace) -> int:
 
     to_file_json = bool(args.out and args.out.endswith(".json"))
     fmt = "json" if args.json or to_file_json else "terminal"
-    emit(render(result, RenderOptions(color=args.out is None and sys.stdout.isatty()), fmt), args.out)
+    emit(render(result, RenderOptions(color=use_color(args, args.out is None and sys.stdout.isatty())), fmt), args.out)
     return 0
 
 
@@ -308,6 +319,11 @@ def run_tune_loader(args: argparse.Namespace) -> int:
     return 0
 
 
+def _formulas(args: argparse.Namespace) -> bool:
+    """Whether other formulas were asked for: then ``--gpus`` alone is their world size, not a cost."""
+    return any(v is not None for v in (args.lr, args.new_batch, args.effective_batch, args.micro_batch, args.algbw))
+
+
 def run_cost(args: argparse.Namespace) -> int:
     cost = None
     if args.from_report:
@@ -320,7 +336,7 @@ def run_cost(args: argparse.Namespace) -> int:
         report = read_analysis_report(args.from_report)
         cost = calc.cost_from_report(report, args.price_per_gpu_hour, args.hours,
                                      args.target if args.target is not None else calc.TARGET_UTILIZATION, args.gpus)
-    elif any(v is not None for v in (args.gpus, args.hours, args.utilization)):
+    elif args.hours is not None or args.utilization is not None or (args.gpus is not None and not _formulas(args)):
         missing = [f"--{n}" for n, v in (("gpus", args.gpus), ("hours", args.hours),
                                           ("utilization", args.utilization)) if v is None]
         if missing:

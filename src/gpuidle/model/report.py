@@ -209,11 +209,13 @@ class CostResult(msgspec.Struct, kw_only=True):
     target: float | None
     gpu_hours: float
     wasted_gpu_hours: float
-    wasted_usd: float | None
+    wasted_money: float | None = None
+    """In the currency of ``price_per_gpu_hour`` (``wasted_usd`` before schema gpuidle.cost/2)."""
     hours_at_target: float | None
     hours_saved: float | None
     gpu_hours_saved: float | None
-    usd_saved: float | None
+    money_saved: float | None = None
+    """In the currency of ``price_per_gpu_hour`` (``usd_saved`` before schema gpuidle.cost/2)."""
     lines: list[CalcLine]
     notes: list[str] = []
 
@@ -353,7 +355,7 @@ class RunSummary(msgspec.Struct):
     utilization: float
     """Busy / window over the primary device of every rank."""
     step_s: float
-    """Mean step time over all ranks' steps."""
+    """Median step time over all ranks' steps (as the tracker reports it)."""
     idle_s: float
     """Mean idle time per step."""
     idle_by_cause_s: dict[str, float]

@@ -180,21 +180,30 @@ def render_loader(r: LoaderResult, options: RenderOptions = DEFAULT_OPTIONS) -> 
     if r.target_batches_per_s is not None:
         c.print(Text(f"target: {r.target_batches_per_s:.2f} batches/s ({r.target_source or 'given'})"))
     t = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("setting", "start-up", "batches/s", "samples/s", "batches timed", ""):
+    stepped = r.target_batches_per_s is not None
+    cols = ("setting", "start-up", "batches/s", "±", *(("steps/s",) if stepped else ()), "samples/s",
+            "batches timed", "")
+    for col in cols:
         t.add_column(col, justify="left" if col in ("setting", "") else "right")
     for p in r.points:
         flag = Text(p.error, style="red") if p.error else (
-            Text("oversubscribed", style="yellow") if p.oversubscribed else Text(""))
-        t.add_row(_cfg(p.config), ms(p.startup_s), _f(p.batches_per_s, ".1f"), _f(p.samples_per_s, ".0f"),
-                  str(p.batches), flag)
+            Text("contended", style="yellow") if p.contended else
+            Text("more processes than cores", style="bright_black") if p.oversubscribed else Text(""))
+        noise = "" if p.noise is None else f"{p.noise * 100:.1f} %"
+        t.add_row(_cfg(p.config), ms(p.startup_s), _f(p.batches_per_s, ".1f"), noise,
+                  *((_f(p.step_per_s, ".2f"),) if stepped else ()), _f(p.samples_per_s, ".0f"), str(p.batches), flag)
     c.print(t)
+    if stepped:
+        c.print(Text("steps/s: what a training loop gets; with 0 workers loading and compute run in series, "
+                     "1 / (1 / batches/s + 1 / target)", style="bright_black"))
     c.print(_plot(r))
     if r.persistent is not None:
         ps = r.persistent
         c.print(Text(f"epoch start with {ps.num_workers} workers: {ms(ps.fresh_start_s)} fresh, "
                      f"{ms(ps.persistent_start_s)} with persistent_workers=True", style="bright_black"))
     if r.recommended is not None:
-        reach = {True: "reaches the target", False: "falls short of the target", None: "within 5 % of the best"}
+        reach = {True: "reaches the target", False: "falls short of the target",
+                 None: "the fewest workers within noise of the best"}
         c.print(Text(f"recommended: {_cfg(r.recommended)} — {_f(r.recommended_batches_per_s, '.1f')} batches/s, "
                      f"{reach[r.reaches_target]}", style="bold green" if r.reaches_target is not False else "bold"))
         c.print(Text(f"  {r.snippet}", style="cyan"))
@@ -244,7 +253,8 @@ def render_cost(r: CalcReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
     c = _console(buf, options)
     cost: CostResult | None = r.cost
     if cost is not None:
-        head = f"gpuidle cost · {cost.gpus} GPUs × {cost.hours:g} h at {pct(cost.utilization)} utilization"
+        gpus = f"{cost.gpus} GPU{'' if cost.gpus == 1 else 's'}"
+        head = f"gpuidle cost · {gpus} × {cost.hours:g} h at {pct(cost.utilization)} utilization"
         if cost.price_per_gpu_hour is not None:
             head += f" · {cost.price_per_gpu_hour:g} per GPU-hour"
         if cost.target is not None:

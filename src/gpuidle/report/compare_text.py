@@ -51,7 +51,7 @@ def headline_rows(c: Comparison) -> list[tuple[str, str, str, str]]:
     speed = "" if c.speedup is None else f" ({c.speedup:.2f}×)"
     rows = [
         ("utilization", pct(a.utilization), pct(b.utilization), _signed_pts(c.utilization_delta)),
-        ("step time", ms(a.step_s), ms(b.step_s), _signed_ms(c.step_s_delta) + speed),
+        ("median step", ms(a.step_s), ms(b.step_s), _signed_ms(c.step_s_delta) + speed),
         ("idle per step", ms(a.idle_s), ms(b.idle_s), _signed_ms(b.idle_s - a.idle_s)),
     ]
     rows += [(f"  {k}", ms(a.idle_by_cause_s[k]), ms(b.idle_by_cause_s[k]), _signed_ms(v))

@@ -217,7 +217,7 @@ def render_comparison(c: Comparison, before: AnalysisReport, after: AnalysisRepo
     rows = [
         ("utilization", pct(a.utilization), pct(b.utilization),
          _delta(c.utilization_delta, f"{abs(c.utilization_delta) * 100:.1f} pts", False)),
-        ("step time", ms(a.step_s), ms(b.step_s), _delta(c.step_s_delta, ms(abs(c.step_s_delta)), True)
+        ("median step", ms(a.step_s), ms(b.step_s), _delta(c.step_s_delta, ms(abs(c.step_s_delta)), True)
          + f" <span class=\"muted\">({speed})</span>"),
         ("idle per step", ms(a.idle_s), ms(b.idle_s), _delta(b.idle_s - a.idle_s, ms(abs(b.idle_s - a.idle_s)), True)),
     ]

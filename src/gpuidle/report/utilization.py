@@ -46,6 +46,15 @@ def _num(v: float | None, unit: str, digits: int = 0) -> str:
     return "N/A" if v is None else f"{v:,.{digits}f} {unit}"
 
 
+def _idle(count: int, seconds: float) -> str:
+    """The count and their total ("5 periods, 40.0 s in all"), never read as five periods of 40 s each."""
+    if count == 0:
+        return "none"
+    if count == 1:
+        return f"1 period, {seconds:,.1f} s"
+    return f"{count} periods, {seconds:,.1f} s in all"
+
+
 def _devices_table(devs: list[DeviceUtil]) -> Table:
     t = Table(box=None, header_style="bold", pad_edge=False)
     for col, just in (("device", "left"), ("mean", "right"), ("", "left"), ("median", "right"),
@@ -59,7 +68,7 @@ def _devices_table(devs: list[DeviceUtil]) -> Table:
             f"{d.power_mean_w:.0f}" + (f" / {d.power_limit_w:.0f}" if d.power_limit_w else ""))
         t.add_row(name, f"{d.mean_util_pct:.1f} %", _bar(d.mean_util_pct, 12), f"{d.median_util_pct:.1f} %",
                   pct(d.below_80_share, 0), pct(d.below_90_share, 0),
-                  f"{d.idle_period_count}× {d.idle_s:,.1f} s", mem, power,
+                  _idle(d.idle_period_count, d.idle_s), mem, power,
                   _num(d.sm_clock_mean_mhz, "MHz"), _num(d.temp_max_c, "°C"))
     return t
 

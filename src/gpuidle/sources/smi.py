@@ -1,4 +1,5 @@
-"""Device-counter logs: ``nvidia-smi --query-gpu`` CSV, ``nvidia-smi dmon``, and gpuidle's own JSONL.
+"""Device-counter logs: ``nvidia-smi --query-gpu`` CSV, ``nvidia-smi dmon``, and gpuidle's own JSONL
+(and, by their own modules, ``dcgmi dmon`` and a Prometheus range-query export).
 
 Each reader turns one log into a :class:`~gpuidle.model.UtilSeries`. The format is
 recognised from the first line; a file is only ever read.
@@ -43,6 +44,7 @@ from gpuidle.model import (
     UtilSeries,
     util_series_from_records,
 )
+from gpuidle.sources import dcgm, prometheus
 
 FORMAT_CSV = "nvidia-smi-csv"
 FORMAT_DMON = "nvidia-smi-dmon"
@@ -102,8 +104,14 @@ def read(path: str | Path, fields: Sequence[str] | None = None, interval_s: floa
         if first is None:
             raise NotATrace(f"{p}: empty file")
         if first.startswith("{"):
+            text = f.read()
+            if prometheus.looks_like(text[:4096]):
+                return prometheus.read(text, str(p))
+            f.seek(0)
             return read_jsonl(f, str(p))
         if first.startswith("#"):
+            if dcgm.looks_like(first):
+                return dcgm.read(f, str(p), interval_s)
             return read_dmon(f, str(p), interval_s)
         return read_csv(f, str(p), fields)
 

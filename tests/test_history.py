@@ -1,0 +1,49 @@
+"""``gpuidle history``: what each column says, and which runs ``--kind`` finds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuidle import ledger
+from gpuidle.cli import main
+from gpuidle.report.common import ms
+
+DATA = Path(__file__).parent / "data"
+RANKS = [DATA / "trace_filter__sampled_rank-0.json.gz", DATA / "trace_filter__sampled_rank-1.json.gz"]
+
+
+def _row(out: str, needle: str) -> str:
+    return next(line for line in out.splitlines() if needle in line)
+
+
+def test_a_partial_folder_shows_ranks_found_of_world_size(private_ledger: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", *map(str, RANKS), "--label", "two-of-job", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["ranks"]) == 2
+    assert main(["history"]) == 0
+    out = capsys.readouterr().out
+    row = _row(out, "two-of-job")
+    assert "2 of 128" in row           # two traces of a 128-rank job, not "128"
+    assert "median step" in out        # the statistic is named in the header
+    durations = sorted(s["dur_s"] for r in report["ranks"] for s in r["steps"])
+    n = len(durations)
+    median = durations[n // 2] if n % 2 else (durations[n // 2 - 1] + durations[n // 2]) / 2
+    mean = sum(durations) / n
+    assert ms(median) in row
+    assert ms(median) != ms(mean)      # the column is the median, as the tracker reports
+
+
+def test_kind_bench_finds_the_records_of_bench_sub_commands(private_ledger: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    ledger.record("bench allreduce", b"{}", "ar", [], path=private_ledger)
+    ledger.record("bench", b"{}", "plain", [], path=private_ledger)
+    ledger.record("summarize", b"{}", "other", [], path=private_ledger)
+    assert main(["history", "--kind", "bench", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["label"] for r in rows] == ["plain", "ar"]
+    assert main(["history", "--kind", "bench", "--limit", "1", "--json"]) == 0
+    assert [r["label"] for r in json.loads(capsys.readouterr().out)] == ["plain"]
