@@ -320,14 +320,14 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
             removes(Cause.COMMUNICATION, exposed), confidence="medium",
         ))
     sized = [c for c in reduces if c.busbw_gbps is not None]
-    if sized:
-        worst = min(sized, key=lambda c: c.busbw_gbps or 0.0)
+    if sized or any(c.bytes > 0 for c in reduces):  # the tracker knows the bytes, not the bandwidth
+        worst = min(sized, key=lambda c: c.busbw_gbps or 0.0) if sized else None
         out.append(x.rec(
             "comm_compression", Cause.COMMUNICATION,
             "Gradient all-reduce is exposed: compress gradients before it",
             {"exposed_comm_ms_per_step": _ms(exposed),
              "overlap_ratio": None if comm.overlap_ratio is None else round(comm.overlap_ratio, 3),
-             "all_reduce_busbw_gbps": round(worst.busbw_gbps or 0.0, 2),
+             "all_reduce_busbw_gbps": round(worst.busbw_gbps or 0.0, 2) if worst else None,
              "assumption": "bf16 halves the bytes on the wire: half the exposed time"},
             "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
             "model.register_comm_hook(state=None, hook=default_hooks.bf16_compress_hook)  # or fp16_compress_hook\n"

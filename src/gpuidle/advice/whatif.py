@@ -157,6 +157,21 @@ def merge(proposals: Sequence[Proposal]) -> list[Proposal]:
     return list(out.values())
 
 
+def _job_wide(p: Proposal, model: Model) -> Proposal:
+    """A collective is one operation on every rank: a fix that shortens it removes the same share of
+    exposed communication on the ranks it did not fire on."""
+    comm = Cause.COMMUNICATION.value
+    shares = [e.idle[comm] / model.ranks[r].idle[comm] for r, e in p.effects.items()
+              if r in model.ranks and model.ranks[r].idle.get(comm, 0.0) > 0 and comm in e.idle]
+    if p.rec.cause != comm or not shares:
+        return p
+    share = min(shares)
+    for r, state in model.ranks.items():
+        if r not in p.effects and state.idle.get(comm, 0.0) > 0:
+            p.effects[r] = Effect(idle={comm: share * state.idle[comm]})
+    return p
+
+
 def _estimable(p: Proposal) -> bool:
     return all(e.reason is None for e in p.effects.values())
 
@@ -165,7 +180,7 @@ def plan(proposals: Sequence[Proposal], reports: Sequence[RankReport],
          include_all: bool = False) -> tuple[list[Recommendation], Combined | None]:
     """Every recommendation with its gain, in the order to apply them, and the combined result."""
     model = Model({r.rank: rank_state(r, include_all) for r in reports if r.steps})
-    merged = merge(proposals)
+    merged = [_job_wide(p, model) for p in merge(proposals)]
     t0 = model.step_s()
     u0 = model.utilization()
     alone = {p.rec.id: t0 - model.step_s([p]) if _estimable(p) else None for p in merged}
