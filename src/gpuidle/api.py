@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from gpuidle.advice.cuda import CUDA_APPLICATION, for_cuda
 from gpuidle.advice.rules import recommend, straggler_recommendations
 from gpuidle.advice.whatif import Proposal, plan
 from gpuidle.analysis.idle import attribute_idle
@@ -35,9 +36,10 @@ from gpuidle.model import (
     IdleTimeline,
     Source,
     StepSeries,
+    Timeline,
     UtilizationReport,
 )
-from gpuidle.sources import kineto, tracker
+from gpuidle.sources import kineto, nsys_db, tracker
 from gpuidle.sources.jsonstream import TraceStream
 
 if TYPE_CHECKING:
@@ -47,14 +49,15 @@ if TYPE_CHECKING:
 # Commands import this module whole; what only some of them use (the ledger, counter logs,
 # tracker jobs, comparisons, annotated traces, worker processes) is imported where used.
 
-TRACE_SUFFIXES = (".json", ".json.gz")
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", *nsys_db.REPORT_SUFFIXES)
 
 Progress = Callable[[str, int, int], None]
 """``(what, done, total)``: bytes of one file, or files of a job."""
 
 
 def find_trace_files(path: str | Path) -> list[str]:
-    """One file, or the trace files (``*.json``, ``*.json.gz``) directly inside a folder."""
+    """One file, or the trace files (``*.json``, ``*.json.gz``, Nsight ``*.sqlite``/``*.nsys-rep``) directly
+    inside a folder."""
     p = Path(path)
     if not p.exists():
         raise InputNotFound(f"{p}: no such file or folder")
@@ -62,9 +65,26 @@ def find_trace_files(path: str | Path) -> list[str]:
         return [str(p)]
     files = sorted(str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
     if not files:
-        raise InputNotFound(f"{p}: no trace files (*.json, *.json.gz) in this folder",
+        raise InputNotFound(f"{p}: no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep) in this folder",
                             "point at the folder torch.profiler.tensorboard_trace_handler wrote")
     return files
+
+
+def is_nsys(path: str | Path) -> bool:
+    """An Nsight Systems export (SQLite, told by its magic header) or report (``.nsys-rep``)."""
+    return nsys_db.is_report(path) or nsys_db.is_sqlite(path)
+
+
+def read_timelines(path: str, progress: Callable[[int, int], None] | None = None) -> list[Timeline]:
+    """The timelines of one trace file, one per rank, its format told by its content.
+
+    A Kineto trace is one rank; an Nsight Systems export can hold several.
+    """
+    if is_nsys(path):
+        from gpuidle.sources import nsys
+
+        return nsys.read(path)
+    return [kineto.read(path, progress)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,19 +92,26 @@ class _Outcome:
     path: str
     analysis: RankAnalysis | None
     error: str | None
+    format: str = kineto.FORMAT
+    framework: str | None = None
 
 
-def _analyze_file(path: str) -> _Outcome:
+def _outcomes(path: str, progress: Callable[[int, int], None] | None = None) -> list[_Outcome]:
     try:
-        return _Outcome(path, summarize_rank(kineto.read(path)), None)
+        return [_Outcome(path, summarize_rank(tl), None, tl.meta.format, tl.meta.framework)
+                for tl in read_timelines(path, progress)]
     except GpuidleError as err:
-        return _Outcome(path, None, str(err))
+        return [_Outcome(path, None, str(err))]
+
+
+def _analyze_file(path: str) -> list[_Outcome]:
+    return _outcomes(path)
 
 
 def analyze_file(path: str, progress: Progress | None = None) -> RankAnalysis:
-    """One trace file, in this process. Raises :class:`GpuidleError` on bad input."""
+    """One trace file, in this process (its first rank). Raises :class:`GpuidleError` on bad input."""
     on_bytes = (lambda done, total: progress(path, done, total)) if progress else None
-    return summarize_rank(kineto.read(path, on_bytes))
+    return summarize_rank(read_timelines(path, on_bytes)[0])
 
 
 def analyze(
@@ -111,7 +138,7 @@ def analyze(
     good = [o for o in outcomes if o.analysis is not None]
     skipped = [f"{o.path}: {o.error}" for o in outcomes if o.error is not None]
     if not good:
-        if len(outcomes) == 1:
+        if len(outcomes) == 1 and outcomes[0].error is not None:
             raise GpuidleError(outcomes[0].error or "unreadable trace")
         raise GpuidleError(f"none of the {len(files)} files is a readable GPU trace; first: {skipped[0]}")
     for line in skipped:
@@ -126,11 +153,21 @@ def analyze(
     reports = [a.report for a in analyses]
     if job is not None:
         proposals.extend(straggler_recommendations(job, reports, include_warmup))
+    framework = _one({o.framework for o in good})
+    if framework == CUDA_APPLICATION:
+        proposals = for_cuda(proposals)
     recs, combined = plan(proposals, reports, include_warmup)
     return AnalysisReport(
-        source=Source(paths=[str(p) for p in paths], format=kineto.FORMAT, skipped=skipped),
+        source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
+                      skipped=skipped, framework=framework),
         ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
     )
+
+
+def _one(values: set[str | None]) -> str | None:
+    """The one value of a job's files, or their sorted list joined by ``+`` when they differ."""
+    known = sorted(v for v in values if v)
+    return "+".join(known) if known else None
 
 
 def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None,
@@ -156,10 +193,8 @@ def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 
 
 def _run(files: list[str], workers: int | None, progress: Progress | None) -> list[_Outcome]:
     if len(files) == 1:
-        try:
-            return [_Outcome(files[0], analyze_file(files[0], progress), None)]
-        except GpuidleError as err:
-            return [_Outcome(files[0], None, str(err))]
+        path = files[0]
+        return _outcomes(path, (lambda done, total: progress(path, done, total)) if progress else None)
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     n = max(1, min(workers or os.cpu_count() or 1, len(files)))
@@ -167,10 +202,10 @@ def _run(files: list[str], workers: int | None, progress: Progress | None) -> li
     with ProcessPoolExecutor(max_workers=n) as pool:
         futures = [pool.submit(_analyze_file, f) for f in files]
         for done, fut in enumerate(as_completed(futures), 1):
-            out.append(fut.result())
+            out.extend(fut.result())
             if progress:
                 progress("ranks", done, len(files))
-    return sorted(out, key=lambda o: o.path)
+    return sorted(out, key=lambda o: (o.path, o.analysis.report.rank if o.analysis else -1))
 
 
 def _dedupe_ranks(
@@ -259,15 +294,16 @@ TIMELINE_BINS = 400
 
 
 def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
-                  straggler: dict[int, Intervals] | None = None) -> IdleTimeline:
+                  straggler: dict[int, Intervals] | None = None, rank: int | None = None) -> IdleTimeline:
     """Re-read one trace and return every device's idle intervals with their causes.
 
     The window, steps and causes are those of :func:`analyze`. ``straggler`` (per device,
     the intervals spent waiting for a slower rank, from the job's other ranks) turns that
     waiting into ``straggler_wait`` as in the job report; without it, it stays
-    ``communication``.
+    ``communication``. ``rank`` picks one rank of a file that holds several (an Nsight
+    export of a job); by default its first.
     """
-    tl = kineto.read(str(path))
+    tl = _rank_timeline(str(path), rank)
     names = NameClasses.of(tl.strings)
     window = step_window(tl, names)
     bounds = window.bounds
@@ -282,8 +318,22 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
             seg_step=window.steps.number[step_index].astype(np.int64),
             bin_edges=edges, bin_busy=busy, bin_idle=idle,
         ))
-    return IdleTimeline(path=str(path), rank=tl.meta.rank if tl.meta.rank is not None else 0, t0_ns=tl.meta.t0_ns,
+    return IdleTimeline(path=str(path), rank=_rank_of(tl), t0_ns=tl.meta.t0_ns,
                         step_numbers=window.steps.number.astype(np.int64), step_bounds=bounds, devices=devices)
+
+
+def _rank_of(tl: Timeline) -> int:
+    return tl.meta.rank if tl.meta.rank is not None else 0
+
+
+def _rank_timeline(path: str, rank: int | None) -> Timeline:
+    timelines = read_timelines(path)
+    if rank is None:
+        return timelines[0]
+    for tl in timelines:
+        if _rank_of(tl) == rank:
+            return tl
+    raise GpuidleError(f"{path}: no rank {rank} in this trace")
 
 
 def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS) -> IdleTimeline:
@@ -292,13 +342,14 @@ def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS) -> IdleTimel
         raise GpuidleError("the step tracker records step times, not device intervals: no timeline to draw",
                            "profile a few steps with tracker.profile(steps=...) and use that trace")
     if len(report.ranks) == 1:
-        return idle_timeline(report.ranks[0].path, bins)
+        return idle_timeline(report.ranks[0].path, bins, rank=report.ranks[0].rank)
     worst = min(report.ranks, key=lambda r: (r.primary().utilization, r.rank))
     # waiting for the last rank needs every rank's collectives: analyse the job again
-    analyses = [o.analysis for o in _run([r.path for r in report.ranks], None, None) if o.analysis is not None]
-    mine = next(a for a in analyses if a.report.path == worst.path)
+    files = sorted({r.path for r in report.ranks})
+    analyses = [o.analysis for o in _run(files, None, None) if o.analysis is not None]
+    mine = next(a for a in analyses if a.report.path == worst.path and a.report.rank == worst.rank)
     waits = waiting_intervals(mine, match_collectives(analyses))
-    tl = idle_timeline(worst.path, bins, {mine.primary_device: waits})
+    tl = idle_timeline(worst.path, bins, {mine.primary_device: waits}, rank=worst.rank)
     note = f"rank {worst.rank} of {len(report.ranks)}, the lowest utilization ({worst.primary().utilization:.1%})"
     return IdleTimeline(path=tl.path, rank=worst.rank, t0_ns=tl.t0_ns, step_numbers=tl.step_numbers,
                         step_bounds=tl.step_bounds, devices=tl.devices, note=note)
@@ -336,7 +387,8 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     """Write ``out``: the trace at ``path`` plus a ``gpuidle`` track of idle intervals by cause.
 
     The input is streamed, never loaded whole, and never written; ``out`` ending in
-    ``.gz`` is gzip-compressed. Returns the timeline written.
+    ``.gz`` is gzip-compressed. An Nsight export becomes a Chrome trace of its timeline
+    (the rank of ``timeline``). Returns the timeline written.
     """
     src, dst = Path(path), Path(out)
     if dst.exists() and src.exists() and dst.samefile(src):
@@ -344,6 +396,12 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     from gpuidle.report import annotate
 
     tl = timeline if timeline is not None else idle_timeline(src)
+    if is_nsys(src):  # not a Chrome trace: its timeline is converted to one
+        from gpuidle.report import chrome
+
+        source = _rank_timeline(str(src), tl.rank)
+        annotate.write_annotated(dst, chrome.timeline_events(source), {"displayTimeUnit": "ns"}, tl)
+        return tl
     stream = TraceStream(str(src), _raw_events.decode)
     annotate.write_annotated(dst, stream, stream.header, tl)
     return tl

@@ -276,6 +276,8 @@ class Source(msgspec.Struct):
     paths: list[str]
     format: str
     skipped: list[str] = []
+    framework: str | None = None
+    """``pytorch``, ``cuda`` (a plain CUDA application), ... where the input tells; the fixes are phrased for it."""
 
 
 class AnalysisReport(JsonStruct, kw_only=True):

@@ -19,9 +19,10 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 2
+SCHEMA_MINOR = 3
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
-``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability)."""
+``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
+3: ``source.framework``)."""
 
 
 class Cause(enum.StrEnum):
@@ -160,6 +161,8 @@ class TraceMeta:
     """Compute capability per device, ``"major.minor"`` (Kineto ``deviceProperties``; gfx9 on ROCm is ``9.x``)."""
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    framework: str | None = None
+    """The program's framework where the trace tells (``pytorch``, ``cuda`` for a plain CUDA application)."""
 
 
 @dataclass(slots=True)
