@@ -66,7 +66,11 @@ _COPY_DIRECTION = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "At
                    9: "HtoH", 10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD"}
 _MEMORY_KIND = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device", 6: "Managed"}
 _SYNC_CALL = {1: "cudaEventSynchronize", 3: "cudaStreamSynchronize", 4: "cudaDeviceSynchronize"}
-"""Blocking synchronization types -> the call they stand for (2, stream-wait-event, blocks no host)."""
+"""Blocking synchronization types (CUPTI's ids; the export's ``ENUM_CUPTI_SYNC_TYPE`` wins) -> the call they
+stand for. Type 2, stream-wait-event, blocks no host."""
+_SYNC_ENUM = {"EVENT_SYNCHRONIZE": "cudaEventSynchronize", "STREAM_SYNCHRONIZE": "cudaStreamSynchronize",
+              "CONTEXT_SYNCHRONIZE": "cudaDeviceSynchronize"}
+_SYNC_NAME = re.compile(r"^(cuda|cu)(Stream|Device|Event|Ctx)Synchronize$")
 
 _DEVICE_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 _DEVICE_COLS: dict[str, tuple[str, ...]] = {
@@ -255,8 +259,8 @@ def _host_rows(t: Tables, names: _Names, dev: _Rows) -> _Rows:
     osrt = t.ints("OSRT_API", {"start": ("start",), "end": ("end",), "gtid": ("globalTid",), "raw": ("nameId",)})
     if osrt is not None and osrt["start"].size and feeding.size:
         text = t.strings(np.unique(osrt["raw"]))
-        reads = np.array([text.get(int(i), "") in _FILE_READS for i in osrt["raw"]], dtype=bool)
-        keep = reads & np.isin(osrt["gtid"], feeding)
+        read_ids = [i for i, v in text.items() if v in _FILE_READS]
+        keep = np.isin(osrt["raw"], read_ids) & np.isin(osrt["gtid"], feeding)
         osrt = {k: v[keep] for k, v in osrt.items()}
         osrt["name"] = names.mapped(osrt["raw"], text)
         osrt["corr"] = np.full(osrt["start"].size, -1, dtype=np.int64)
@@ -272,25 +276,36 @@ def _host_rows(t: Tables, names: _Names, dev: _Rows) -> _Rows:
 
 
 def _blocking_syncs(t: Tables, names: _Names, rt: dict[str, I64]) -> None:
-    """A runtime call that CUPTI recorded blocking on the device is named for the sync it did."""
+    """A runtime call that CUPTI recorded blocking the host on the device, and that is not named as a sync
+    already, is named for the sync it did (``cudaThreadSynchronize`` -> ``cudaDeviceSynchronize``)."""
     sync = t.ints("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", {"start": ("start",), "end": ("end",),
-                                                          "corr": ("correlationId",), "type": ("syncType",)})
+                                                          "corr": ("correlationId",), "type": ("syncType",),
+                                                          "gpid": ("globalPid",)})
     if sync is None or sync["start"].size == 0:
         return
-    blocking = np.isin(sync["type"], list(_SYNC_CALL))
-    corr, kind = sync["corr"][blocking], sync["type"][blocking]
-    order = np.argsort(corr, kind="stable")
-    corr, kind = corr[order], kind[order]
+    calls = dict(_SYNC_CALL)
+    if t.pick("ENUM_CUPTI_SYNC_TYPE", "id") and t.pick("ENUM_CUPTI_SYNC_TYPE", "name"):
+        enum = t.conn.execute("SELECT id, name FROM ENUM_CUPTI_SYNC_TYPE").fetchall()
+        calls = {int(i): c for i, n in enum for key, c in _SYNC_ENUM.items() if str(n).endswith(key)}
+    blocking = np.isin(sync["type"], list(calls)) & (sync["corr"] >= 0)
+    # correlation ids are per process: match (process, id)
+    _, index = np.unique(np.concatenate([sync["gpid"][blocking] >> 24, rt["gtid"] >> 24]), return_inverse=True)
+    index = index.reshape(-1)
+    n_sync = int(blocking.sum())
+    sync_key = (index[:n_sync] << 40) | sync["corr"][blocking]
+    rt_key = np.where(rt["corr"] >= 0, (index[n_sync:] << 40) | rt["corr"], -1)
+    if sync["gpid"][blocking].size and (sync["gpid"][blocking] < 0).all():  # no globalPid: ids alone
+        sync_key, rt_key = sync["corr"][blocking], rt["corr"]
+    order = np.argsort(sync_key, kind="stable")
+    corr, kind = sync_key[order], sync["type"][blocking][order]
     if corr.size == 0:
         return
-    pos = np.minimum(np.searchsorted(corr, rt["corr"]), corr.size - 1)
-    hit = (rt["corr"] >= 0) & (corr[pos] == rt["corr"])
-    strings = list(names.ids)
-    already = np.array([n.endswith("Synchronize") for n in strings], dtype=bool)
-    rename = hit & ~already[rt["name"]]
-    if rename.any():
-        sync_ids = {k: int(names.of([v])[0]) for k, v in _SYNC_CALL.items()}
-        rt["name"][rename] = [sync_ids[int(k)] for k in kind[pos[rename]]]
+    pos = np.minimum(np.searchsorted(corr, rt_key), corr.size - 1)
+    named_sync = np.array([_SYNC_NAME.match(n) is not None for n in names.ids], dtype=bool)
+    hit = np.flatnonzero((rt_key >= 0) & (corr[pos] == rt_key) & ~named_sync[rt["name"]])
+    if hit.size:
+        sync_ids = {k: int(names.of([v])[0]) for k, v in calls.items()}
+        rt["name"][hit] = [sync_ids[int(k)] for k in kind[pos[hit]]]
 
 
 def _nvtx_rows(t: Tables, names: _Names) -> dict[str, I64] | None:
