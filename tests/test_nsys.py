@@ -46,7 +46,8 @@ def test_emit_nvtx_step_dataloader_and_operator(schema: str, tmp_path: Path) -> 
     assert (d.name, d.compute_capability) == ("NVIDIA A100-SXM4-80GB", "8.0")
     # [0,400) in __next__; [400,450) in an operator that launches; [450,500) the launch in flight
     assert causes_us(r) == {"data_loading": 400, "launch_overhead": 100}
-    assert r.host_events is not None and r.host_events["linked_launches"] == 1
+    assert r.host_events is not None
+    assert r.host_events["linked_launches"] == 1
 
 
 @SCHEMAS
@@ -181,7 +182,8 @@ def test_rank_and_world_from_the_environment(tmp_path: Path) -> None:
     plain = Export()
     plain.launch(at=0, call_dur=10, start=10, dur=90)
     (r,) = run(plain, tmp_path, "plain.sqlite").ranks
-    assert r.rank == 0 and any("records no rank" in n for n in r.notes)
+    assert r.rank == 0
+    assert any("records no rank" in n for n in r.notes)
 
 
 def _ddp_step(e: Export, pid: int, device: int, first: float = 390) -> None:
@@ -200,7 +202,8 @@ def test_processes_running_nccl_on_their_own_gpus_are_ranks(tmp_path: Path) -> N
     assert [r.rank for r in report.ranks] == [0, 1]
     assert [r.primary().device for r in report.ranks] == [0, 1]
     assert report.ranks[1].primary().compute_capability == "9.0"
-    assert report.job is not None and report.job.world_size == 2
+    assert report.job is not None
+    assert report.job.world_size == 2
     for r in report.ranks:
         assert r.world_size == 2
         assert r.primary().busy_s == pytest.approx(590 * US)
@@ -237,7 +240,8 @@ def test_a_folder_of_per_rank_exports_is_a_job(tmp_path: Path) -> None:
         e.write(folder / f"rank{rank}.sqlite")
     report = analyze([folder])
     assert [r.rank for r in report.ranks] == [0, 1]
-    assert report.job is not None and report.job.ranks_found == [0, 1]
+    assert report.job is not None
+    assert report.job.ranks_found == [0, 1]
     assert [round(r.primary().busy_s / US) for r in report.ranks] == [590, 540]
 
 
