@@ -136,7 +136,8 @@ def test_file_reads_of_a_cuda_program_are_data_loading(schema: str, tmp_path: Pa
     fixes = {rec.id: rec for rec in report.recommendations}
     assert "dataloader_workers" in fixes
     for rec in report.recommendations:
-        assert "DataLoader" not in rec.fix and "torch" not in rec.fix, rec.fix
+        assert "DataLoader" not in rec.fix, rec.fix
+        assert "torch" not in rec.fix, rec.fix
         assert "DataLoader" not in rec.title
     assert "cudaMemcpyAsync" in fixes["dataloader_workers"].fix
 

@@ -31,7 +31,8 @@ def gpuidle(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpuidle: error: "), proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("gpuidle: error: "), proc.stderr
     for n in needles:
         assert n in lines[0], lines[0]
 
