@@ -7,6 +7,7 @@ is imported up front: the HTA measurement runs in HTA's own virtual environment.
     python bench/measure_child.py floor TRACE         # floor_gc: the same, garbage collector on
     python bench/measure_child.py gpuidle PATH [gpuidle analyze options...]
     python bench/measure_child.py hta TRACE_DIR
+    python bench/measure_child.py read TRACE          # the reader alone (api.read_timelines), any format
 
 Printed: ``tool``, ``import_s`` (importing the tool), ``work_s`` (the measured work,
 imports excluded), ``maxrss`` (peak RSS of this process, bytes: ``VmHWM``, the
@@ -103,6 +104,21 @@ def _hta(trace_dir: str) -> tuple[float, float, dict[str, object]]:
                               "temporal_rows": len(temporal), "idle_rows": len(idle)}
 
 
+def _read(path: str) -> tuple[float, float, dict[str, object]]:
+    """The reader alone: the file into Timelines (every rank), no analysis."""
+    t0 = time.perf_counter()
+    from gpuidle.api import read_timelines
+    t1 = time.perf_counter()
+    c1 = time.process_time()
+    base = _rss_now()
+    timelines = read_timelines(path)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, {"base_rss": base, "work_cpu_s": time.process_time() - c1,
+                              "format": timelines[0].meta.format, "ranks": len(timelines),
+                              "device_ops": sum(len(t.device_ops) for t in timelines),
+                              "host_events": sum(len(t.host) for t in timelines)}
+
+
 def main(argv: list[str]) -> int:
     tool, path, extra = argv[0], argv[1], argv[2:]
     if tool == "floor":
@@ -113,6 +129,8 @@ def main(argv: list[str]) -> int:
         imp, work, info = _gpuidle(path, extra)
     elif tool == "hta":
         imp, work, info = _hta(path)
+    elif tool == "read":
+        imp, work, info = _read(path)
     else:
         raise SystemExit(f"unknown tool {tool!r}")
     me = resource.getrusage(resource.RUSAGE_SELF)

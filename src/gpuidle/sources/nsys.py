@@ -256,13 +256,12 @@ def _host_rows(t: Tables, names: _Names, dev: _Rows) -> _Rows:
     if nvtx is not None:
         parts.append(nvtx)
     feeding = np.unique(rt["gtid"]) if rt is not None else np.zeros(0, dtype=np.int64)
-    osrt = t.ints("OSRT_API", {"start": ("start",), "end": ("end",), "gtid": ("globalTid",), "raw": ("nameId",)})
-    if osrt is not None and osrt["start"].size and feeding.size:
-        text = t.strings(np.unique(osrt["raw"]))
-        read_ids = [i for i, v in text.items() if v in _FILE_READS]
-        keep = np.isin(osrt["raw"], read_ids) & np.isin(osrt["gtid"], feeding)
-        osrt = {k: v[keep] for k, v in osrt.items()}
-        osrt["name"] = names.mapped(osrt["raw"], text)
+    read_ids = t.string_ids(_FILE_READS) if t.pick("OSRT_API", "nameId") else []
+    osrt = t.ints("OSRT_API", {"start": ("start",), "end": ("end",), "gtid": ("globalTid",), "raw": ("nameId",)},
+                  where=f"nameId IN ({','.join(map(str, read_ids))})") if read_ids and feeding.size else None
+    if osrt is not None and osrt["start"].size:
+        osrt = {k: v[np.isin(osrt["gtid"], feeding)] for k, v in osrt.items()}
+        osrt["name"] = names.mapped(osrt["raw"], t.strings(np.unique(osrt["raw"])))
         osrt["corr"] = np.full(osrt["start"].size, -1, dtype=np.int64)
         osrt["kind"] = np.full(osrt["start"].size, HostKind.ANNOTATION, dtype=np.int64)
         del osrt["raw"]

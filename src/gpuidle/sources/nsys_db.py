@@ -167,6 +167,14 @@ class Tables:
                        self.conn.execute(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", part))
         return out
 
+    def string_ids(self, values: frozenset[str]) -> list[int]:
+        """``StringIds`` ids of the given values (to filter rows in SQL rather than after fetching)."""
+        if not self.has("StringIds") or not values:
+            return []
+        marks = ",".join("?" * len(values))
+        return [int(r[0]) for r in self.conn.execute(f"SELECT id FROM StringIds WHERE value IN ({marks})",
+                                                     sorted(values))]
+
     def meta(self, table: str) -> dict[str, str]:
         """A ``name``/``value`` table (``META_DATA_EXPORT``) as a dict; empty when absent."""
         if self.pick(table, "name") is None or self.pick(table, "value") is None:
