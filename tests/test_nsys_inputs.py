@@ -17,6 +17,7 @@ import pytest
 
 from conftest import DATA
 from gpuidle.api import analyze, annotate_trace, idle_timeline
+from gpuidle.model import IdleTimeline
 from nsysexport import Export
 
 REAL = DATA / "cloverleaf_a100__perlmutter-cloverleaf-cuda.sqlite"
@@ -190,3 +191,45 @@ def test_truncated_export(keep: float, tmp_path: Path) -> None:
     before = fingerprint(tmp_path)
     assert_one_line_error(gpuidle("analyze", str(cut), "--no-ledger"), "truncated SQLite file")
     assert fingerprint(tmp_path) == before
+
+
+def test_job_in_one_export_timeline_ledger_and_compare(tmp_path: Path) -> None:
+    """Two ranks in one file: the HTML timeline re-reads the right rank; the ledger and compare take it."""
+    from gpuidle.api import compare_runs, record_analysis, timeline_for
+
+    e = Export()
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    for pid, device, first in ((100, 0, 390), (200, 1, 190)):
+        e.nvtx("ProfilerStep#1", 0, 1000, pid=pid)
+        e.launch(at=0, call_dur=10, start=10, dur=first, pid=pid, device=device)
+        e.launch(at=20, call_dur=10, start=400, dur=300, name=nccl, pid=pid, device=device, stream=20)
+    src = e.write(tmp_path / "job.sqlite")
+    report = analyze([src])
+    worst = min(report.ranks, key=lambda r: r.primary().utilization)
+    assert worst.rank == 1
+    tl = timeline_for(report)
+    assert tl.rank == 1
+    assert [d.device for d in tl.devices] == [1]
+    busy = sum(int(e) - int(s) for s, e in zip(*_complement(tl), strict=True))
+    assert busy == round(worst.primary().busy_s * 1e9)
+    ledger = tmp_path / "ledger.sqlite"
+    run = record_analysis(report, label="nsys run", ledger_path=ledger)
+    cmp, before, after = compare_runs(str(run), "nsys run", ledger_path=ledger)
+    assert before.source.framework == after.source.framework == "pytorch"  # ProfilerStep ranges
+    assert cmp is not None
+
+
+def _complement(tl: IdleTimeline) -> tuple[list[int], list[int]]:
+    """Busy intervals of the timeline's one device: the window less its idle segments."""
+    (d,) = tl.devices
+    lo, hi = d.window
+    starts, ends, edge = [], [], lo
+    for s, e in zip(d.seg_start.tolist(), d.seg_end.tolist(), strict=True):
+        if s > edge:
+            starts.append(edge)
+            ends.append(s)
+        edge = e
+    if edge < hi:
+        starts.append(edge)
+        ends.append(hi)
+    return starts, ends

@@ -108,12 +108,6 @@ def _analyze_file(path: str) -> list[_Outcome]:
     return _outcomes(path)
 
 
-def analyze_file(path: str, progress: Progress | None = None) -> RankAnalysis:
-    """One trace file, in this process (its first rank). Raises :class:`GpuidleError` on bad input."""
-    on_bytes = (lambda done, total: progress(path, done, total)) if progress else None
-    return summarize_rank(read_timelines(path, on_bytes)[0])
-
-
 def analyze(
     paths: Sequence[str | Path],
     workers: int | None = None,

@@ -94,6 +94,17 @@ STRAGGLER_LOADER = "its DataLoader workers"
 PYTORCH_ONLY = frozenset({"ddp_no_sync", "ddp_bucket_cap", "comm_compression"})
 
 
+def _cuda_evidence(evidence: dict[str, object]) -> dict[str, object]:
+    """What a trace lacks, said for a CUDA program: it has no PyTorch operators to record."""
+    missing = evidence.get("missing")
+    if not isinstance(missing, list):
+        return evidence
+    said = [m for m in missing if "ProfilerActivity" not in str(m)]
+    if len(said) < len(missing):
+        said.append("no host ranges: the program's phases are not marked with NVTX")
+    return {**evidence, "missing": said}
+
+
 def for_cuda(proposals: list[Proposal]) -> list[Proposal]:
     """The proposals with CUDA wording; PyTorch-only fixes left out."""
     out = []
@@ -103,7 +114,7 @@ def for_cuda(proposals: list[Proposal]) -> list[Proposal]:
             continue
         if rec.id in CUDA_FIXES:
             title, fix = CUDA_FIXES[rec.id]
-            rec = msgspec.structs.replace(rec, title=title, fix=fix)
+            rec = msgspec.structs.replace(rec, title=title, fix=fix, evidence=_cuda_evidence(rec.evidence))
         elif rec.id.startswith("straggler_rank_"):
             rec = msgspec.structs.replace(rec, fix=rec.fix.replace(STRAGGLER_LOADER, "its input-reading threads"))
         out.append(Proposal(rec, p.effects))
