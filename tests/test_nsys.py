@@ -13,7 +13,7 @@ import pytest
 
 from gpuidle.api import analyze
 from gpuidle.model import AnalysisReport, RankReport
-from nsysexport import CONTEXT_SYNC, DTOH, PAGEABLE, PINNED, STREAM_SYNC, Export
+from nsysexport import CONTEXT_SYNC, DTOH, OTHER, PAGEABLE, PINNED, STREAM_SYNC, Export
 
 US = 1e-6
 SCHEMAS = pytest.mark.parametrize("schema", ["new", "old"])
@@ -62,6 +62,19 @@ def test_stream_synchronize_is_host_sync(schema: str, tmp_path: Path) -> None:
     # [0,10) first launch in flight; [300,350) blocked in the sync; [350,360) op launching; [360,400) in flight
     assert causes_us(r) == {"host_sync": 50, "launch_overhead": 60}
     assert r.kernels.syncs_per_step == 1
+
+
+def test_backward_operators_on_their_own_thread(tmp_path: Path) -> None:
+    e = Export()
+    e.nvtx("ProfilerStep#1", 0, 1000)
+    e.launch(at=0, call_dur=10, start=10, dur=190)
+    e.nvtx("autograd::engine::evaluate_function: MmBackward0, seq = 7", 200, 400, tid=OTHER)
+    e.nvtx("aten::cpu_side_helper, seq = 8, op_id = 3, sizes = [[4, 4]]", 250, 100, tid=OTHER)
+    e.launch(at=500, call_dur=10, start=600, dur=400, tid=OTHER)
+    (r,) = run(e, tmp_path).ranks
+    # as the Kineto trace of the same program: [200,250) and [350,500) in the launching backward op;
+    # [250,350) the nested operator that launches nothing; [500,600) and [0,10) in flight
+    assert causes_us(r) == {"cpu_compute": 100, "launch_overhead": 310}
 
 
 @pytest.mark.parametrize("recorded", [True, False])

@@ -50,7 +50,9 @@ KNOWN_SCHEMA_MAJOR = (2, 3)
 """Export schema majors this reader was written against (Nsight Systems 2021.x to 2025.x)."""
 
 _ABI_SUFFIX = re.compile(r"(_ptsz|_ptds)?(_v\d+)?$")
-_NVTX_OP = re.compile(r"^([A-Za-z_]\w*::[\w.]+)(?:,\s.*)?$")
+_NVTX_OP = re.compile(r"^[A-Za-z_]\w*::")
+_NVTX_OP_TAIL = re.compile(r", (seq|op_id|sizes|input_op_ids|stashed seq) = .*$")
+"""``emit_nvtx`` appends ``, seq = N, op_id = M, sizes = [...]`` to the operator's name."""
 _PYTORCH_NVTX = re.compile(r"^(aten|c10d|autograd)::|^ProfilerStep#|DataLoader|^Optimizer\.step#")
 _PYTORCH_KERNEL = re.compile(r"at::native::|at_cuda_detail")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -325,7 +327,7 @@ def _nvtx_rows(t: Tables, names: _Names) -> dict[str, I64] | None:
         return None
     labels = [str(r[3]) if r[3] is not None else "" for r in rows]
     uniq = sorted(set(labels))
-    ops = {u: m.group(1) for u in uniq if (m := _NVTX_OP.match(u))}
+    ops = {u: _NVTX_OP_TAIL.sub("", u) for u in uniq if _NVTX_OP.match(u)}
     out = {
         "start": np.array([r[0] for r in rows], dtype=np.int64),
         "end": np.array([r[1] for r in rows], dtype=np.int64),
