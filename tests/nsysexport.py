@@ -86,7 +86,15 @@ OLD: dict[str, str] = {
                    "category INTEGER, color INTEGER, text TEXT, globalTid INTEGER, endGlobalTid INTEGER, "
                    "domainId INTEGER",
 }
-SCHEMAS = {"new": (NEW, "3.13.2"), "old": (OLD, "2.7.1")}
+MINIMAL: dict[str, str] = {
+    **OLD,
+    "CUPTI_ACTIVITY_KIND_KERNEL": "start INTEGER NOT NULL, end INTEGER NOT NULL, deviceId INTEGER NOT NULL, "
+                                  "streamId INTEGER NOT NULL, shortName INTEGER NOT NULL",
+    "CUPTI_ACTIVITY_KIND_RUNTIME": "start INTEGER NOT NULL, end INTEGER NOT NULL, globalTid INTEGER, "
+                                   "nameId INTEGER NOT NULL",
+}
+"""An export of an unknown Nsight with fewer columns: no correlation ids, no globalPid, no demangled names."""
+SCHEMAS = {"new": (NEW, "3.13.2"), "old": (OLD, "2.7.1"), "minimal": (MINIMAL, "1.0")}
 EVENT_SYNC, STREAM_WAIT, STREAM_SYNC, CONTEXT_SYNC = 1, 2, 3, 4
 HTOD, DTOH = 1, 2
 PAGEABLE, PINNED, DEVICE = 0, 1, 2

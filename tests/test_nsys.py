@@ -265,3 +265,19 @@ def test_unknown_schema_is_read_with_a_note(tmp_path: Path) -> None:
     (r,) = run(e, tmp_path).ranks
     assert r.primary().busy_s == pytest.approx(90 * US)
     assert any("schema 9.0.0" in n and "read as far as its columns go" in n for n in r.notes)
+
+
+def test_fewer_columns_read_as_far_as_they_go(tmp_path: Path) -> None:
+    e = Export("minimal")
+    e.nvtx("ProfilerStep#1", 0, 1000)
+    e.launch(at=0, call_dur=10, start=10, dur=290, name="volta_sgemm_128x64_nn")
+    e.launch(at=600, call_dur=10, start=700, dur=300, name="volta_sgemm_128x64_nn")
+    (r,) = run(e, tmp_path).ranks
+    assert r.primary().busy_s == pytest.approx(590 * US)
+    assert r.kernels.count == 2
+    assert any("schema 1.0" in n for n in r.notes)
+    assert any("no globalPid" in n for n in r.notes)
+    assert any("no correlation ids" in n for n in r.notes)
+    # unlinked, so no launch is known to be in flight: [0,10) and [600,610) are runtime calls on the
+    # host, the rest of [300,700) is unexplained
+    assert causes_us(r) == {"launch_overhead": 20, "unattributed": 390}

@@ -175,7 +175,8 @@ def _read(path: str, t: Tables) -> list[Timeline]:
     out = []
     for rank, procs, rank_notes in ranks:
         d = dev.take(np.isin(dev.cols["proc"], procs))
-        h = host.take(np.isin(host.cols["proc"], procs))
+        # device work without globalPid (older exports) is one process: every host row is its own
+        h = host.take(np.isin(host.cols["proc"], procs) | (-1 in procs))
         used = set(d["device"].tolist())
         world = len(ranks) if len(ranks) > 1 else _env_int(env, WORLD_ENV)
         meta = TraceMeta(path=path, format=FORMAT, t0_ns=t0, rank=rank, world_size=world,
