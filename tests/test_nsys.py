@@ -31,8 +31,8 @@ def causes_us(rank: RankReport) -> dict[str, float]:
 @SCHEMAS
 def test_emit_nvtx_step_dataloader_and_operator(schema: str, tmp_path: Path) -> None:
     e = Export(schema)
-    e.nvtx("ProfilerStep#1", 0, 1000)
-    e.nvtx("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 0, 400)
+    e.nvtx("ProfilerStep#1, op_id = 1", 0, 1000)
+    e.nvtx("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__, op_id = 2", 0, 400)
     e.nvtx("aten::linear, seq = 5, op_id = 12, sizes = [[8, 16], [32, 16]]", 400, 100)
     e.launch(at=450, call_dur=10, start=500, dur=500)
     report = run(e, tmp_path)

@@ -51,8 +51,8 @@ KNOWN_SCHEMA_MAJOR = (2, 3)
 
 _ABI_SUFFIX = re.compile(r"(_ptsz|_ptds)?(_v\d+)?$")
 _NVTX_OP = re.compile(r"^[A-Za-z_]\w*::")
-_NVTX_OP_TAIL = re.compile(r", (seq|op_id|sizes|input_op_ids|stashed seq) = .*$")
-"""``emit_nvtx`` appends ``, seq = N, op_id = M, sizes = [...]`` to the operator's name."""
+_NVTX_TAIL = re.compile(r", (seq|op_id|sizes|input_op_ids|stashed seq) = .*$")
+"""``emit_nvtx`` appends ``, seq = N, op_id = M, sizes = [...]`` to operator and ``record_function`` names."""
 _PYTORCH_NVTX = re.compile(r"^(aten|c10d|autograd)::|^ProfilerStep#|DataLoader|^Optimizer\.step#")
 _PYTORCH_KERNEL = re.compile(r"at::native::|at_cuda_detail")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -328,14 +328,15 @@ def _nvtx_rows(t: Tables, names: _Names) -> dict[str, I64] | None:
         return None
     labels = [str(r[3]) if r[3] is not None else "" for r in rows]
     uniq = sorted(set(labels))
-    ops = {u: _NVTX_OP_TAIL.sub("", u) for u in uniq if _NVTX_OP.match(u)}
+    plain = {u: _NVTX_TAIL.sub("", u) for u in uniq}
+    ops = {u for u in uniq if _NVTX_OP.match(u)}
     out = {
         "start": np.array([r[0] for r in rows], dtype=np.int64),
         "end": np.array([r[1] for r in rows], dtype=np.int64),
         "gtid": np.array([r[2] for r in rows], dtype=np.int64),
     }
     out["corr"] = np.full(len(rows), -1, dtype=np.int64)
-    out["name"] = names.of([ops.get(lab, lab) for lab in labels])
+    out["name"] = names.of([plain[lab] for lab in labels])
     out["kind"] = np.array([HostKind.OP if lab in ops else HostKind.ANNOTATION for lab in labels], dtype=np.int64)
     return out
 
