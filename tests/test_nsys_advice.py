@@ -1,0 +1,53 @@
+"""The CUDA-worded fixes name real CUDA API: every ``cuda*``/``nvtx*`` identifier is declared in the headers.
+
+The headers come from NVIDIA's own wheels (``nvidia-cuda-runtime-cu12``, ``nvidia-nvtx-cu12``, in the
+dev extra: headers and a runtime library, no GPU needed). cuBLAS and cuDNN names are not checked here:
+their wheels are hundreds of MB.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuidle.advice.cuda import CUDA_FIXES, NSYS_TRACE
+
+
+def _include(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"{package} is not installed (pip install '.[dev]')")
+    return Path(next(iter(spec.submodule_search_locations))) / "include"
+
+
+def _declared(folder: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in folder.rglob("*.h"))
+
+
+def test_cuda_runtime_and_nvtx_names_exist() -> None:
+    runtime = _declared(_include("nvidia.cuda_runtime"))
+    nvtx = _declared(_include("nvidia.nvtx"))
+    text = "\n".join(title + "\n" + fix for title, fix in CUDA_FIXES.values())
+    cuda_names = set(re.findall(r"\b(cuda[A-Z]\w*|CUDA_R_\w+)\b", text))
+    nvtx_names = set(re.findall(r"\b(nvtx[A-Z]\w*)\b", text))
+    assert {"cudaMallocHost", "cudaMemcpyAsync", "cudaStreamBeginCapture", "cudaGraphLaunch"} <= cuda_names
+    assert nvtx_names == {"nvtxRangePushA", "nvtxRangePop"}
+    for name in sorted(cuda_names):
+        assert re.search(rf"\b{name}\b", runtime), f"{name} is not declared in the CUDA runtime headers"
+    for name in sorted(nvtx_names):
+        assert re.search(rf"\b{name}\b", nvtx), f"{name} is not declared in the NVTX headers"
+    assert "nvtx3/nvToolsExt.h" in text
+    assert (_include("nvidia.nvtx") / "nvtx3" / "nvToolsExt.h").exists()
+
+
+def test_cuda_graph_instantiate_takes_three_arguments() -> None:
+    """CUDA 12 changed cudaGraphInstantiate to (exec, graph, flags): the fix calls it so."""
+    runtime = (_include("nvidia.cuda_runtime") / "cuda_runtime_api.h").read_text(errors="replace")
+    decl = re.search(r"cudaGraphInstantiate\(([^;]*?)\);", runtime)
+    assert decl is not None
+    assert decl.group(1).count(",") == 2
+    assert "cudaGraphInstantiate(&graph_exec, graph, 0)" in CUDA_FIXES["cuda_graphs"][1]
+    assert NSYS_TRACE.startswith("nsys profile --trace=cuda,nvtx,osrt")
