@@ -254,3 +254,11 @@ def test_the_profiler_arguments_exist() -> None:
     params = inspect.signature(torch.profiler.profile.__init__).parameters
     assert {"activities", "schedule", "record_shapes", "with_stack", "on_trace_ready"} <= set(params)
     assert {"CPU", "CUDA"} <= set(torch.profiler.ProfilerActivity.__members__)
+
+
+def test_falling_utilization_is_told_with_digits_that_differ() -> None:
+    from gpuidle.advice.whatif import _distinct_percents
+
+    assert _distinct_percents(0.70412, 0.58201) == ("70.4", "58.2")
+    assert _distinct_percents(0.005123, 0.004812) == ("0.51", "0.48")
+    assert _distinct_percents(0.5, 0.5) == ("50.000", "50.000")
