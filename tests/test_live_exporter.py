@@ -103,7 +103,8 @@ def test_busy_port_is_one_clear_error() -> None:
 
 def full_gpu(i: int) -> GpuSample:
     """A sample with every field the exporter serves."""
-    fields = {m.column: 1.0 + i for m in GPU_GAUGES}
+    fields: dict[str, object] = {m.column: 1.0 + i for m in GPU_GAUGES if m.column}
+    fields["pids"] = list(range(100, 101 + i))  # served as a count: 1 + i, like the other fields
     return GpuSample(index=i, **fields)  # type: ignore[arg-type]
 
 

@@ -107,7 +107,7 @@ class Collector:
             for idx, labels in per_gpu.items():
                 v = gpus[idx].get(m.column or "")
                 if v is not None:
-                    fam.add_metric(labels, float(v) * m.scale)
+                    fam.add_metric(labels, float(len(v) if isinstance(v, list) else v) * m.scale)
             if fam.samples:
                 yield fam
         for m in HOST_GAUGES:

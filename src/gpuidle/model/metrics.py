@@ -30,7 +30,7 @@ class Metric:
     labels: tuple[str, ...]
     help: str
     column: str | None = None
-    """The :data:`~gpuidle.model.GPU_METRICS` or :data:`~gpuidle.model.HOST_METRICS` key."""
+    """The :class:`~gpuidle.model.GpuSample` or :class:`~gpuidle.model.HostSample` field (``pids``: its length)."""
     scale: float = 1.0
     """metric value = column value * scale."""
 
@@ -64,6 +64,7 @@ GPU_GAUGES: tuple[Metric, ...] = (
     _gpu("gpuidle_gpu_sm_occupancy_ratio", "sm_occupancy", "DCGM SM_OCCUPANCY"),
     _gpu("gpuidle_gpu_tensor_active_ratio", "tensor_active", "DCGM PIPE_TENSOR_ACTIVE"),
     _gpu("gpuidle_gpu_dram_active_ratio", "dram_active", "DCGM DRAM_ACTIVE"),
+    _gpu("gpuidle_gpu_processes", "pids", "processes holding a compute context (a GPU in use has at least one)"),
 )
 HOST_GAUGES: tuple[Metric, ...] = (
     _host("gpuidle_host_memory_used_bytes", "mem_used_mib", "host memory in use", MIB),

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.errors import CorruptInput, NotATrace
-from gpuidle.model import GPU_GAUGES, DeviceSeries, UtilSeries
+from gpuidle.model import GPU_GAUGES, GPU_METRICS, DeviceSeries, UtilSeries
 
 FORMAT_PROMETHEUS = "prometheus-range"
 
@@ -44,7 +44,7 @@ METRICS: dict[str, tuple[str, float]] = {
     "DCGM_FI_PROF_NVLINK_TX_BYTES": ("nvlink_tx_mib_s", 1.0 / MIB),
 }
 """dcgm-exporter metric -> our column and the factor into its unit (MiB are DCGM's MB; PCIe bytes/s)."""
-METRICS.update({m.name: (m.column, 1.0 / m.scale) for m in GPU_GAUGES if m.column is not None})
+METRICS.update({m.name: (m.column, 1.0 / m.scale) for m in GPU_GAUGES if m.column in GPU_METRICS})
 """... and gpuidle's own exporter, whose catalogue says how each gauge was scaled from its column."""
 FB_PARTS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
 """Total device memory is used + free (+ reserved), at the timestamps all are known."""
