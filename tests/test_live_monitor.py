@@ -424,6 +424,21 @@ def test_monitor_command_with_a_recorded_backend(tmp_path: Path, monkeypatch: py
     assert [json.loads(x)["type"] for x in lines] == ["header", "sample", "sample", "sample", "end"]
 
 
+def test_monitor_as_an_exporter_only_writes_no_log(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """With no --out, no summary and no ledger, a long-running exporter keeps nothing on disk."""
+    backend = RecordedBackend([[full_sample(0, 95.0)]])
+    monkeypatch.setattr(cli_live, "GPU_BACKEND", lambda: backend)
+    monkeypatch.setattr(cli_live, "HOST_BACKEND", lambda pid: FakeHost())
+    opened: list[str] = []
+    monkeypatch.setattr(cli_live, "JsonlWriter", lambda path: opened.append(path))
+    assert main(["monitor", "--count", "3", "--interval", "0.1", "--no-summary", "--no-ledger", "--quiet"]) == 0
+    assert opened == []
+    assert len(backend.at) == 3
+    assert backend.closed
+    assert capsys.readouterr().out == ""
+
+
 def test_monitor_without_nvml_is_one_line(monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     why = "NVML is unavailable: NVML Shared Library Not Found (no NVIDIA driver or GPU on this machine?)"

@@ -34,6 +34,7 @@ from gpuidle.live.monitor import (
     JsonlWriter,
     Monitor,
     PsutilHost,
+    Sink,
     dcgm_reader,
     default_log_path,
     nvml_backend,
@@ -268,33 +269,18 @@ def _monitor(args: argparse.Namespace, exporter: Exporter | None) -> int:
         monitor.stop()
         raise GpuidleError(header.gpu_unavailable, "gpuidle run still samples the CPU side")
     keep = args.out is not None
+    if not keep and args.no_summary and args.no_ledger:
+        _export_only(monitor, header, exporter, args)
+        return 0
     path = args.out or tempfile.mkstemp(prefix="gpuidle-monitor-", suffix=".jsonl")[1]
     writer = JsonlWriter(path)
     writer.header(header)
     latest = LatestSample(header)
-    stop = threading.Event()
-
-    def on_stop(sig: int, frame: object) -> None:
-        """Stop at the next tick, so the log ends on a whole line; a second signal stops at once."""
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    view = _view(header, latest, args.quiet, header.t0, monitor.clock.time)
     if exporter is not None:
         exporter.publish(latest)
     try:
-        if view is not None:
-            view.start()
-        try:
-            monitor.run([writer, latest], stop, max_samples=args.count, duration_s=args.duration)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            if view is not None:
-                view.stop()
-            monitor.stop()
+        with _stopping_on_signals() as stop:
+            _sample(monitor, header, latest, [writer, latest], stop, args)
             writer.close(MonitorEnd(t=monitor.clock.time(), samples=writer.samples, notes=monitor.notes()))
         if keep:
             print(f"gpuidle: {writer.samples} samples written to {path}", file=sys.stderr)
@@ -302,12 +288,55 @@ def _monitor(args: argparse.Namespace, exporter: Exporter | None) -> int:
         if report is not None:
             _record(args, "monitor", report, [path] if keep else [])
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        writer.close()
         if not keep:
             with contextlib.suppress(OSError):
                 os.unlink(path)
     return 0
+
+
+def _export_only(monitor: Monitor, header: MonitorHeader, exporter: Exporter | None,
+                 args: argparse.Namespace) -> None:
+    """No log, no summary, no ledger record: a long-running exporter keeps nothing on disk."""
+    latest = LatestSample(header)
+    if exporter is not None:
+        exporter.publish(latest)
+    with _stopping_on_signals() as stop:
+        _sample(monitor, header, latest, [latest], stop, args)
+
+
+@contextlib.contextmanager
+def _stopping_on_signals() -> Iterator[threading.Event]:
+    """SIGINT/SIGTERM stop at the next tick, so the log ends on a whole line; a second signal stops at once."""
+    stop = threading.Event()
+
+    def on_stop(sig: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _sample(monitor: Monitor, header: MonitorHeader, latest: LatestSample, sinks: list[Sink],
+            stop: threading.Event, args: argparse.Namespace) -> None:
+    """Sample until ``stop``, ``--count`` or ``--duration``, with the live view when there is one."""
+    view = _view(header, latest, args.quiet, header.t0, monitor.clock.time)
+    if view is not None:
+        view.start()
+    try:
+        monitor.run(sinks, stop, max_samples=args.count, duration_s=args.duration)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if view is not None:
+            view.stop()
+        monitor.stop()
 
 
 def run_command(args: argparse.Namespace) -> int:
