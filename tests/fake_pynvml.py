@@ -96,7 +96,7 @@ def fake_pynvml(init_error: int | None = None) -> SimpleNamespace:
 
 
 if __name__ == "__main__":
-    sys.modules["pynvml"] = fake_pynvml()  # type: ignore[assignment]
+    sys.modules["pynvml"] = fake_pynvml()
     from gpuidle.cli import main
 
     sys.exit(main(sys.argv[1:]))

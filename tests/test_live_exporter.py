@@ -105,13 +105,13 @@ def full_gpu(i: int) -> GpuSample:
     """A sample with every field the exporter serves."""
     fields: dict[str, object] = {m.column: 1.0 + i for m in GPU_GAUGES if m.column}
     fields["pids"] = list(range(100, 101 + i))  # served as a count: 1 + i, like the other fields
-    return GpuSample(index=i, **fields)  # type: ignore[arg-type]
+    return GpuSample(index=i, **fields)
 
 
 def test_every_catalogued_metric_is_served_with_its_labels(served: tuple[LatestSample, str]) -> None:
     latest, url = served
     latest(MonitorSample(t=101.0, gpus=[full_gpu(0), full_gpu(1)], host=HostSample(
-        cpu_pct=[25.0, 75.0], **{m.column: 3.0 for m in HOST_GAUGES})))  # type: ignore[arg-type]
+        cpu_pct=[25.0, 75.0], **{m.column: 3.0 for m in HOST_GAUGES})))
     m = scrape(url)
     served_names = {name for name, _ in m if name.startswith("gpuidle_")}
     assert served_names == {x.name for x in EXPORTER_METRICS}
