@@ -14,6 +14,7 @@ places them.
 
 from __future__ import annotations
 
+from gpuidle.advice.hardware import hardware
 from gpuidle.bench.common import human_bytes
 from gpuidle.model import (
     CAUSES,
@@ -50,8 +51,9 @@ from gpuidle.report.svg import (
 
 def _device_card(r: RankReport, d: DeviceReport) -> str:
     name = f" · {esc(d.name)}" if d.name else ""
-    smi = (f'<div class="note">nvidia-smi would count {pct(d.active_s / d.window_s)} (collectives included)</div>'
-           if d.active_s > d.busy_s and d.window_s else "")
+    tool = hardware(d).smi
+    smi = (f'<div class="note">{tool} would count {pct(d.active_s / d.window_s)} (collectives included)</div>'
+           if d.active_s > d.busy_s and d.window_s and tool is not None else "")
     return (f'<div class="card"><h3>rank {r.rank} · GPU {d.device}{name}</h3>'
             f'<div class="big {util_class(d.utilization)}">{pct(d.utilization)}</div>'
             f'<div class="muted">utilization · idle {ms(d.idle_s)} of {ms(d.window_s)}</div>{smi}</div>')
