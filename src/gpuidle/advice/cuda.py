@@ -114,6 +114,9 @@ def for_cuda(proposals: list[Proposal]) -> list[Proposal]:
             continue
         if rec.id in CUDA_FIXES:
             title, fix = CUDA_FIXES[rec.id]
+            if rec.id == "mixed_precision" and rec.evidence.get("dtype") == "fp16":  # before sm 80: no bf16, no TF32
+                fix = "\n".join(line for line in fix.splitlines()[2:]).replace("CUDA_R_16BF", "CUDA_R_16F")
+                title = "GEMMs/convolutions run in fp32: use the tensor cores with fp16 inputs"
             rec = msgspec.structs.replace(rec, title=title, fix=fix, evidence=_cuda_evidence(rec.evidence))
         elif rec.id.startswith("straggler_rank_"):
             rec = msgspec.structs.replace(rec, fix=rec.fix.replace(STRAGGLER_LOADER, "its input-reading threads"))
