@@ -91,6 +91,13 @@ def test_real_export_busy_idle_against_plain_sql(tmp_path: Path) -> None:
     assert fingerprint(tmp_path) == before
 
 
+def test_terminal_and_markdown_name_the_framework() -> None:
+    for fmt in ("terminal", "md"):
+        proc = gpuidle("analyze", str(REAL), "--no-ledger", "--format", fmt, "--color", "never")
+        assert proc.returncode == 0, proc.stderr
+        assert "nsys · CUDA application" in proc.stdout.splitlines()[0]
+
+
 def test_detected_by_content_whatever_the_name(tmp_path: Path) -> None:
     e = Export()
     e.launch(at=0, call_dur=10, start=10, dur=90)
@@ -118,7 +125,9 @@ def test_annotated_export_and_html(tmp_path: Path) -> None:
     html = tmp_path / "out" / "report.html"
     proc = gpuidle("analyze", str(src), "--no-ledger", "--html", str(html))
     assert proc.returncode == 0, proc.stderr
-    assert "<svg" in html.read_text()
+    page = html.read_text()
+    assert "<svg" in page
+    assert "nsys · PyTorch" in page  # ProfilerStep ranges: a PyTorch program
     assert fingerprint(tmp_path) == before
 
 

@@ -29,7 +29,7 @@ from gpuidle.model import (
     Recommendation,
     RunSummary,
 )
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, gain_text, ms, pct
+from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, gain_text, ms, pct, source_label
 from gpuidle.report.compare_text import money
 from gpuidle.report.svg import (
     CAUSE_COLOR,
@@ -139,7 +139,7 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
     """The full page for one analysis; ``timeline`` adds the utilization-over-time charts."""
     n = len(report.ranks)
     shown = _shown_rank(report)
-    body = [f"<header><h1>gpuidle · {n} rank{'s' if n != 1 else ''} · {esc(report.source.format)}</h1>"
+    body = [f"<header><h1>gpuidle · {n} rank{'s' if n != 1 else ''} · {esc(source_label(report.source))}</h1>"
             f'<div class="muted">{esc(", ".join(report.source.paths))}</div></header>']
     w = shown.window
     body.append(f'<section id="summary"><h2>Utilization</h2><p class="note">window: {esc(w.kind.replace("_", " "))}, '
