@@ -242,3 +242,18 @@ def _complement(tl: IdleTimeline) -> tuple[list[int], list[int]]:
         starts.append(edge)
         ends.append(hi)
     return starts, ends
+
+
+@pytest.mark.parametrize("at", [0.3, 0.5])
+def test_damaged_pages(at: float, tmp_path: Path) -> None:
+    """Whole length, but 20 pages overwritten: SQLite finds it malformed on opening (the schema's pages)
+    or while the tables are read (a data page); one line either way."""
+    data = bytearray(REAL.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    start = int(len(data) * at) // page * page
+    data[start:start + 20 * page] = b"\xff" * (20 * page)
+    bad = tmp_path / "damaged.sqlite"
+    bad.write_bytes(bytes(data))
+    before = fingerprint(tmp_path)
+    assert_one_line_error(gpuidle("analyze", str(bad), "--no-ledger"), str(bad))
+    assert fingerprint(tmp_path) == before

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuidle.errors import NoGpuActivity, NotATrace
+from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
 from gpuidle.model import (
     I64,
     CollectiveCalls,
@@ -145,10 +145,14 @@ def read(path: str) -> list[Timeline]:
     :raises NoGpuActivity: an export with no CUDA kernels, copies or sets.
     :raises MissingTool: a ``.nsys-rep`` without ``nsys`` on PATH.
     """
+    import sqlite3
+
     with nsys_db.exported(path) as db_path:
         conn = nsys_db.connect(db_path)
         try:
             return _read(path, Tables(conn))
+        except sqlite3.DatabaseError as err:  # a damaged page met while reading
+            raise CorruptInput(f"{path}: the export cannot be read ({err})", nsys_db.REEXPORT) from None
         finally:
             conn.close()
 

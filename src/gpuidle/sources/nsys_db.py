@@ -33,6 +33,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 """Nsight Systems' own report files (``.qdrep`` before 2021.3)."""
 CHUNK_ROWS = 1 << 16
+REEXPORT = "export it again: nsys export --type sqlite --force-overwrite true REPORT.nsys-rep"
 
 
 class MissingTool(GpuidleError):
@@ -67,8 +68,7 @@ def check_complete(path: str) -> None:
     pages = int.from_bytes(head[28:32], "big")
     header_valid = head[24:28] == head[92:96] and pages > 0
     if header_valid and size < page * pages:
-        raise CorruptInput(f"{path}: truncated SQLite file ({size} of {page * pages} bytes)",
-                           "export it again: nsys export --type sqlite --force-overwrite true REPORT.nsys-rep")
+        raise CorruptInput(f"{path}: truncated SQLite file ({size} of {page * pages} bytes)", REEXPORT)
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -109,21 +109,21 @@ def exported(path: str) -> Iterator[str]:
         yield out
 
 
+def _quoted(name: str) -> str:
+    """An SQL identifier from the file itself, quoted so that no name can end the statement."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 class Tables:
     """What an export holds: table names and each table's columns, read once."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
-        self.columns = {n: {r[1] for r in conn.execute(f'PRAGMA table_info("{n}")')} for n in names}
+        self.columns = {n: {r[1] for r in conn.execute(f"PRAGMA table_info({_quoted(n)})")} for n in names}
 
     def has(self, table: str) -> bool:
         return table in self.columns
-
-    def rows(self, table: str) -> int:
-        if not self.has(table):
-            return 0
-        return int(self.conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0])
 
     def pick(self, table: str, *candidates: str) -> str | None:
         """The first of ``candidates`` that ``table`` has."""
