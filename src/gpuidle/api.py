@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,17 +55,35 @@ Progress = Callable[[str, int, int], None]
 
 
 def find_trace_files(path: str | Path) -> list[str]:
-    """One file, or the trace files (``*.json``, ``*.json.gz``) directly inside a folder."""
+    """One file, or the trace files (``*.json``, ``*.json.gz``) directly inside a folder.
+
+    A path that is neither a regular file nor a folder (a FIFO, a device), or that cannot be
+    read, is a one-line error; inside a folder only regular files are taken.
+    """
     p = Path(path)
-    if not p.exists():
-        raise InputNotFound(f"{p}: no such file or folder")
-    if p.is_file():
-        return [str(p)]
-    files = sorted(str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+    try:
+        mode = p.stat().st_mode
+        if stat.S_ISREG(mode):
+            return [str(p)]
+        if not stat.S_ISDIR(mode):
+            raise InputNotFound(f"{p}: not a regular file or folder",
+                                "give a trace file (.json, .json.gz) or a folder of them")
+        files = sorted(str(f) for f in p.iterdir() if f.name.endswith(TRACE_SUFFIXES) and _is_regular(f))
+    except FileNotFoundError:
+        raise InputNotFound(f"{p}: no such file or folder") from None
+    except OSError as err:
+        raise InputNotFound(f"{p}: cannot read ({err.strerror})") from None
     if not files:
         raise InputNotFound(f"{p}: no trace files (*.json, *.json.gz) in this folder",
                             "point at the folder torch.profiler.tensorboard_trace_handler wrote")
     return files
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return True  # listed but unreadable: reading it says why, and the folder goes on without it
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +94,13 @@ class _Outcome:
 
 
 def _analyze_file(path: str) -> _Outcome:
+    """One rank's file in a worker: any failure, even a bug, is that file's outcome, not the job's."""
     try:
         return _Outcome(path, summarize_rank(kineto.read(path)), None)
     except GpuidleError as err:
         return _Outcome(path, None, str(err))
+    except Exception as err:  # one rank's crash, even a bug, must not take the folder down
+        return _Outcome(path, None, " ".join(f"failed: {type(err).__name__}: {err}".split()))
 
 
 def analyze_file(path: str, progress: Progress | None = None) -> RankAnalysis:
@@ -161,15 +183,26 @@ def _run(files: list[str], workers: int | None, progress: Progress | None) -> li
         except GpuidleError as err:
             return [_Outcome(files[0], None, str(err))]
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     n = max(1, min(workers or os.cpu_count() or 1, len(files)))
     out: list[_Outcome] = []
+    lost: list[str] = []
     with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(_analyze_file, f) for f in files]
+        futures = {pool.submit(_analyze_file, f): f for f in files}
         for done, fut in enumerate(as_completed(futures), 1):
-            out.append(fut.result())
+            try:
+                out.append(fut.result())
+            except BrokenProcessPool:  # a worker died (killed, out of memory): every pending file fails
+                lost.append(futures[fut])
             if progress:
                 progress("ranks", done, len(files))
+    for f in sorted(lost):  # alone, each in a fresh worker: only the file that kills its worker is lost
+        with ProcessPoolExecutor(max_workers=1) as alone:
+            try:
+                out.append(alone.submit(_analyze_file, f).result())
+            except BrokenProcessPool:
+                out.append(_Outcome(f, None, "the worker reading it died (out of memory, or killed)"))
     return sorted(out, key=lambda o: o.path)
 
 

@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from gpuidle.errors import NoGpuActivity, NotATrace
+from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
 from gpuidle.model import (
     I64,
     CollectiveCalls,
@@ -53,77 +53,85 @@ class _Args(msgspec.Struct, gc=False):
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
 
 
+MAX_TS_US = float(1 << 62) / 1000
+"""The latest timestamp read, in µs (year 2116 as Unix time): nanoseconds past it overflow int64."""
+MAX_SPAN_US = 7 * 86400 * 1e6
+"""The longest event, and the longest stretch of time one trace may cover: a week, far past any profile."""
+SKIP_TIME = "ts or dur missing, not a finite number, negative or out of range"
+SKIP_ID = "an id or size (pid, device, stream, correlation, bytes) past its integer range"
+
+_NO_TIME = float("nan")
+"""A missing ``ts`` or ``dur``: not a number, so the event is skipped with the out-of-range ones."""
+
+
 class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
-    ts: float = 0.0
-    dur: float = 0.0
+    ts: float = _NO_TIME
+    dur: float = _NO_TIME
     pid: int | str = 0
     tid: int | str = 0
     args: _Args | None = None
 
 
-class _LooseEvent(msgspec.Struct):
-    """Fallback for chunks whose fields have unexpected types: coerced in Python."""
-
-    ph: Any = ""
-    cat: Any = ""
-    name: Any = ""
-    ts: Any = 0.0
-    dur: Any = 0.0
-    pid: Any = 0
-    tid: Any = 0
-    args: Any = None
-
-
 _EMPTY_ARGS = _Args()
 _strict = msgspec.json.Decoder(list[_Event])
-_loose = msgspec.json.Decoder(list[_LooseEvent])
+_loose = msgspec.json.Decoder(list[Any])
 
 
-def _loose_to_strict(ev: _LooseEvent) -> _Event:
-    a = ev.args if isinstance(ev.args, dict) else {}
-
-    def num(v: Any, default: int = -1) -> int:
+def _int(v: Any, default: int = -1) -> int:
+    """An integer from a number or a numeric string (``"0x1f"`` too); unbounded, checked later."""
+    if isinstance(v, bool) or v is None:
+        return default
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):
         try:
-            return int(v)
+            return int(str(v), 0)
         except (TypeError, ValueError):
-            try:
-                return int(str(v), 0)
-            except (TypeError, ValueError):
-                return default
+            return default
 
-    def fnum(v: Any) -> float:
-        try:
-            return float(v)
-        except (TypeError, ValueError):
-            return 0.0
 
+def _float(v: Any) -> float:
+    if isinstance(v, bool) or v is None:
+        return _NO_TIME
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError):
+        return _NO_TIME
+
+
+def _loose_to_strict(ev: dict[str, Any]) -> _Event:
+    a = ev.get("args")
+    a = a if isinstance(a, dict) else {}
     args = _Args(
-        correlation=num(a.get("correlation")),
-        device=num(a.get("device")),
-        stream=num(a.get("stream")),
-        bytes=num(a.get("bytes")),
+        correlation=_int(a.get("correlation")),
+        device=_int(a.get("device")),
+        stream=_int(a.get("stream")),
+        bytes=_int(a.get("bytes")),
         collective=str(a.get("Collective name", "")),
         group=str(a.get("Process Group Name", "")),
-        in_nelems=num(a.get("In msg nelems")),
-        out_nelems=num(a.get("Out msg nelems")),
-        group_size=num(a.get("Group size")),
+        in_nelems=_int(a.get("In msg nelems")),
+        out_nelems=_int(a.get("Out msg nelems")),
+        group_size=_int(a.get("Group size")),
         dtype=str(a.get("dtype", "")),
         input_dims=msgspec.Raw(msgspec.json.encode(a.get("Input Dims", []))),
         input_type=msgspec.Raw(msgspec.json.encode(a.get("Input type", []))),
     )
-    pid = ev.pid if isinstance(ev.pid, int | str) else str(ev.pid)
-    tid = ev.tid if isinstance(ev.tid, int | str) else str(ev.tid)
-    return _Event(str(ev.ph), str(ev.cat), str(ev.name), fnum(ev.ts), fnum(ev.dur), pid, tid, args)
+    pid, tid = ev.get("pid", 0), ev.get("tid", 0)
+    pid = pid if isinstance(pid, int | str) and not isinstance(pid, bool) else str(pid)
+    tid = tid if isinstance(tid, int | str) and not isinstance(tid, bool) else str(tid)
+    return _Event(str(ev.get("ph", "")), str(ev.get("cat", "")), str(ev.get("name", "")),
+                  _float(ev.get("ts")), _float(ev.get("dur")), pid, tid, args)
 
 
 def _decode_chunk(text: bytes) -> list[_Event]:
+    """Typed decoding; a chunk with unexpected types (or elements that are not objects) is coerced in Python."""
     try:
         return _strict.decode(text)
     except msgspec.ValidationError:
-        return [_loose_to_strict(e) for e in _loose.decode(text)]
+        return [_loose_to_strict(e) for e in _loose.decode(text) if isinstance(e, dict)]
 
 
 _DEVICE_CATS = {
@@ -145,7 +153,7 @@ _HOST_CATS = {
 }
 _FOREIGN_ACCELERATOR = re.compile(r"^(mtia|xpu|hpu|tpu|npu|mps)_", re.IGNORECASE)
 _COLLECTIVE_KERNEL = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.IGNORECASE)
-_STREAM_TID = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
+_STREAM_TID = re.compile(r"stream\s*([0-9]{1,18})(?![0-9])", re.IGNORECASE)
 _DTYPE_BYTES = {
     "float": 4, "float32": 4, "int": 4, "int32": 4, "half": 2, "float16": 2, "bfloat16": 2,
     "bf16": 2, "c10::half": 2, "c10::bfloat16": 2, "double": 8, "float64": 8, "long": 8,
@@ -205,6 +213,8 @@ class _Columns:
         self._collective_ids: set[int] = set()
         self.events = 0
         self.hosts = 0
+        self.skipped: dict[str, list[Any]] = {}
+        """Reason -> [events skipped, the first one]."""
 
     @property
     def strings(self) -> list[str]:
@@ -227,30 +237,49 @@ class _Columns:
         if dev_rows.size:
             evs = [events[i] for i in dev_rows]
             args = [e.args or _EMPTY_ARGS for e in evs]
+            ts, dur = self._times(evs)
+            pid, bad_pid = _int64([e.pid if type(e.pid) is int else 0 for e in evs])
+            device, bad_device = _int64([a.device for a in args])
+            device = np.where(device >= 0, device, pid)
+            stream, bad_stream = _int64([a.stream if type(a.stream) is int and a.stream >= 0 else _stream_of(e)
+                                         for a, e in zip(args, evs, strict=True)])
+            corr, bad_corr = _int64([a.correlation for a in args])
+            nbytes, bad_bytes = _int64([a.bytes for a in args])
+            bad_id = bad_pid | bad_device | bad_stream | bad_corr | bad_bytes | ~_fits_int32(device) \
+                | ~_fits_int32(stream)
+            keep = self._keep(evs, ts, dur, bad_id)
+            if keep is not None:
+                evs = [evs[i] for i in keep]
+                ts, dur = ts[keep], dur[keep]
+                device, stream, corr, nbytes = device[keep], stream[keep], corr[keep], nbytes[keep]
+                dev_rows = dev_rows[keep]
             d = self.dev
-            d["ts"].append(np.array([e.ts for e in evs], dtype=np.float64))
-            d["dur"].append(np.array([e.dur for e in evs], dtype=np.float64))
-            pid = np.array([e.pid if type(e.pid) is int else 0 for e in evs], dtype=np.int64)
-            device = np.array([a.device for a in args], dtype=np.int64)
-            d["device"].append(np.where(device >= 0, device, pid))
-            d["stream"].append(np.array([a.stream if type(a.stream) is int and a.stream >= 0 else _stream_of(e)
-                                         for a, e in zip(args, evs, strict=True)], dtype=np.int64))
+            d["ts"].append(ts)
+            d["dur"].append(dur)
+            d["device"].append(device)
+            d["stream"].append(stream)
             d["kind"].append(code[dev_rows])
             d["name"].append(np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64))
-            d["corr"].append(np.array([a.correlation for a in args], dtype=np.int64))
-            d["bytes"].append(np.array([a.bytes for a in args], dtype=np.int64))
+            d["corr"].append(corr)
+            d["bytes"].append(nbytes)
         host_rows = np.flatnonzero(code >= 10)
         if host_rows.size:
             evs = [events[i] for i in host_rows]
+            ts, dur = self._times(evs)
+            corr, bad_corr = _int64([(e.args or _EMPTY_ARGS).correlation for e in evs])
+            keep = self._keep(evs, ts, dur, bad_corr)
+            if keep is not None:
+                evs = [evs[i] for i in keep]
+                ts, dur, corr = ts[keep], dur[keep], corr[keep]
+                host_rows = host_rows[keep]
             h = self.host
-            h["ts"].append(np.array([e.ts for e in evs], dtype=np.float64))
-            h["dur"].append(np.array([e.dur for e in evs], dtype=np.float64))
+            h["ts"].append(ts)
+            h["dur"].append(dur)
             h["thread"].append(self._thread_ids(evs))
             kind = code[host_rows] - 10
             h["kind"].append(kind)
             names = np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64)
             h["name"].append(names)
-            corr = np.array([(e.args or _EMPTY_ARGS).correlation for e in evs], dtype=np.int64)
             h["corr"].append(np.where(kind == HostKind.RUNTIME, corr, -1))
             self._collective_ids.update(known + i for i, n in enumerate(list(sid)[known:])
                                         if n == "record_param_comms" or n.startswith("nccl:"))
@@ -260,6 +289,24 @@ class _Columns:
                     if e.args is not None:
                         self._collective(self.hosts + int(i), e.name, e.args)
             self.hosts += len(evs)
+
+    @staticmethod
+    def _times(evs: list[_Event]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        return np.array([e.ts for e in evs], dtype=np.float64), np.array([e.dur for e in evs], dtype=np.float64)
+
+    def _keep(self, evs: list[_Event], ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64],
+              bad_id: npt.NDArray[np.bool_]) -> I64 | None:
+        """Rows to keep when some events hold values the model cannot (None: keep all); the others are counted."""
+        with np.errstate(invalid="ignore"):
+            bad_time = ~((ts >= 0) & (ts <= MAX_TS_US) & (dur >= 0) & (dur <= MAX_SPAN_US))  # NaN compares False
+        bad = bad_time | bad_id
+        if not bad.any():
+            return None
+        for reason, rows in ((SKIP_TIME, np.flatnonzero(bad_time)), (SKIP_ID, np.flatnonzero(bad_id & ~bad_time))):
+            if rows.size:
+                e = evs[int(rows[0])]
+                self.skipped.setdefault(reason, [0, f"{e.name[:60]!r} ts={e.ts!r} dur={e.dur!r}"])[0] += rows.size
+        return np.flatnonzero(~bad)
 
     def _thread_ids(self, evs: list[_Event]) -> I64:
         """Thread index per event. Events come in runs of one thread, so with integer pid/tid the
@@ -285,9 +332,31 @@ class _Columns:
         c["host"].append(index)
         c["name"].append(coll)
         c["group"].append(a.group)
-        c["inb"].append(inb)
-        c["outb"].append(outb)
-        c["size"].append(a.group_size)
+        c["inb"].append(_fit(inb))
+        c["outb"].append(_fit(outb))
+        c["size"].append(a.group_size if _I32_MIN <= a.group_size <= _I32_MAX else -1)
+
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _int64(values: list[int]) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """The values as int64, and which were out of its range (those read -1)."""
+    try:
+        return np.array(values, dtype=np.int64), np.zeros(len(values), dtype=bool)
+    except OverflowError:
+        bad = np.array([not _I64_MIN <= v <= _I64_MAX for v in values], dtype=bool)
+        return np.array([-1 if b else v for v, b in zip(values, bad, strict=True)], dtype=np.int64), bad
+
+
+def _fits_int32(values: I64) -> npt.NDArray[np.bool_]:
+    return (values >= _I32_MIN) & (values <= _I32_MAX)
+
+
+def _fit(value: int) -> int:
+    """A count or size beyond int64 is as good as unknown."""
+    return value if _I64_MIN <= value <= _I64_MAX else -1
 
 
 def _stream_of(e: _Event) -> int:
@@ -300,23 +369,26 @@ def _bytes_from_dims(dims_raw: bytes, types_raw: bytes) -> int:
     try:
         dims = msgspec.json.decode(dims_raw)
         types = msgspec.json.decode(types_raw) if types_raw else []
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
+        return -1
+    if not isinstance(dims, list) or not isinstance(types, list):
         return -1
     total = 0
     for shape, dtype in zip(dims, types, strict=False):
         if not isinstance(shape, list) or not shape or not isinstance(dtype, str):
             continue
         size = dtype_bytes(dtype)
-        if size < 0 or not all(isinstance(d, int) for d in shape):
+        if size < 0 or not all(isinstance(d, int) and 0 <= d <= _I64_MAX for d in shape):
             continue
         n = 1
         for d in shape:
             n *= d
         total += n * size
-    return total if total > 0 else -1
+    return _fit(total) if total > 0 else -1
 
 
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP = re.compile(r"^ProfilerStep#([0-9]{1,18})$")
+"""Step numbers past 18 digits do not fit the model's int64 and are not steps."""
 
 
 def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timeline:
@@ -331,12 +403,16 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     for chunk in stream:
         cols.add(chunk)
     header = stream.header
+    skipped = [f"{n} events skipped: {reason} (first: {first})" for reason, (n, first) in cols.skipped.items()]
     if not cols.dev["ts"]:
         if cols.foreign:
             raise NotATrace(
                 f"{path}: a trace of a non-GPU accelerator ({', '.join(sorted(cols.foreign))} events)",
                 "gpuidle analyses CUDA and ROCm GPU traces",
             )
+        if skipped:
+            raise CorruptInput(f"{path}: no usable GPU events; {'; '.join(skipped)}",
+                               "the file is damaged or was not written by the profiler")
         if cols.events == 0 and not header:
             raise NotATrace(f"{path}: the trace holds no events", "was the profiler started?")
         raise NoGpuActivity(
@@ -347,6 +423,11 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     h = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.host.items()}
     strings = cols.strings
     t0_us = float(np.floor(min(d["ts"].min(), h["ts"].min() if h["ts"].size else np.inf)))
+    end_us = max(float((d["ts"] + d["dur"]).max()), float((h["ts"] + h["dur"]).max()) if h["ts"].size else 0.0)
+    if end_us - t0_us > MAX_SPAN_US:
+        raise CorruptInput(f"{path}: the events span {(end_us - t0_us) / 86400e6:.0f} days "
+                           f"(from ts {t0_us:.0f} to {end_us:.0f} µs)",
+                           "timestamps from different clocks, or a damaged file; a profile covers seconds")
     dstart = _to_ns(d["ts"] - t0_us)
     hstart = _to_ns(h["ts"] - t0_us)
     names = d["name"].astype(np.int32)
@@ -381,6 +462,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
         group_size=np.asarray(c["size"], dtype=np.int32),
     )
     meta = _meta(path, header, int(t0_us) * 1000)
+    meta.notes.extend(skipped)
     return Timeline(
         strings=strings, threads=cols.threads, device_ops=device_ops, host=host,
         collectives=collectives, steps=_profiler_steps(strings, host), meta=meta,
