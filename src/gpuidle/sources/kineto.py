@@ -240,6 +240,7 @@ class _Columns:
             ts, dur = self._times(evs)
             pid, bad_pid = _int64([e.pid if type(e.pid) is int else 0 for e in evs])
             device, bad_device = _int64([a.device for a in args])
+            bad_pid &= device < 0  # the pid names the device only where args do not
             device = np.where(device >= 0, device, pid)
             stream, bad_stream = _int64([a.stream if type(a.stream) is int and a.stream >= 0 else _stream_of(e)
                                          for a, e in zip(args, evs, strict=True)])
@@ -253,15 +254,16 @@ class _Columns:
                 ts, dur = ts[keep], dur[keep]
                 device, stream, corr, nbytes = device[keep], stream[keep], corr[keep], nbytes[keep]
                 dev_rows = dev_rows[keep]
-            d = self.dev
-            d["ts"].append(ts)
-            d["dur"].append(dur)
-            d["device"].append(device)
-            d["stream"].append(stream)
-            d["kind"].append(code[dev_rows])
-            d["name"].append(np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64))
-            d["corr"].append(corr)
-            d["bytes"].append(nbytes)
+            if evs:  # some may have been skipped
+                d = self.dev
+                d["ts"].append(ts)
+                d["dur"].append(dur)
+                d["device"].append(device)
+                d["stream"].append(stream)
+                d["kind"].append(code[dev_rows])
+                d["name"].append(np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64))
+                d["corr"].append(corr)
+                d["bytes"].append(nbytes)
         host_rows = np.flatnonzero(code >= 10)
         if host_rows.size:
             evs = [events[i] for i in host_rows]
@@ -272,23 +274,24 @@ class _Columns:
                 evs = [evs[i] for i in keep]
                 ts, dur, corr = ts[keep], dur[keep], corr[keep]
                 host_rows = host_rows[keep]
-            h = self.host
-            h["ts"].append(ts)
-            h["dur"].append(dur)
-            h["thread"].append(self._thread_ids(evs))
-            kind = code[host_rows] - 10
-            h["kind"].append(kind)
-            names = np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64)
-            h["name"].append(names)
-            h["corr"].append(np.where(kind == HostKind.RUNTIME, corr, -1))
-            self._collective_ids.update(known + i for i, n in enumerate(list(sid)[known:])
-                                        if n == "record_param_comms" or n.startswith("nccl:"))
-            if self._collective_ids:
-                for i in np.flatnonzero(np.isin(names, list(self._collective_ids))):
-                    e = evs[i]
-                    if e.args is not None:
-                        self._collective(self.hosts + int(i), e.name, e.args)
-            self.hosts += len(evs)
+            if evs:
+                h = self.host
+                h["ts"].append(ts)
+                h["dur"].append(dur)
+                h["thread"].append(self._thread_ids(evs))
+                kind = code[host_rows] - 10
+                h["kind"].append(kind)
+                names = np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64)
+                h["name"].append(names)
+                h["corr"].append(np.where(kind == HostKind.RUNTIME, corr, -1))
+                self._collective_ids.update(known + i for i, n in enumerate(list(sid)[known:])
+                                            if n == "record_param_comms" or n.startswith("nccl:"))
+                if self._collective_ids:
+                    for i in np.flatnonzero(np.isin(names, list(self._collective_ids))):
+                        e = evs[i]
+                        if e.args is not None:
+                            self._collective(self.hosts + int(i), e.name, e.args)
+                self.hosts += len(evs)
 
     @staticmethod
     def _times(evs: list[_Event]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
@@ -485,13 +488,21 @@ def _profiler_steps(strings: list[str], host: HostEvents) -> Steps:
     return Steps(number, host.start[rows].copy(), host.end[rows].copy(), "profiler_step")
 
 
+def _is_int(value: Any, least: int) -> bool:
+    """A rank, world size or device id: an int (not a bool) from ``least`` up to int32."""
+    return type(value) is int and least <= value <= _I32_MAX
+
+
 def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
     meta = TraceMeta(path=path, format=FORMAT, t0_ns=t0_ns)
     info = header.get("distributedInfo")
     if isinstance(info, dict):
         rank, world = info.get("rank"), info.get("world_size")
-        meta.rank = rank if isinstance(rank, int) else None
-        meta.world_size = world if isinstance(world, int) else None
+        meta.rank = rank if _is_int(rank, 0) else None
+        meta.world_size = world if _is_int(world, 1) else None
+        for key, value, kept in (("rank", rank, meta.rank), ("world_size", world, meta.world_size)):
+            if value is not None and kept is None:
+                meta.notes.append(f"distributedInfo.{key} {str(value)[:40]!r} is not a count: ignored")
         backend = info.get("backend")
         meta.backend = backend if isinstance(backend, str) else None
         groups = info.get("pg_config")
@@ -502,8 +513,8 @@ def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
     props = header.get("deviceProperties")
     if isinstance(props, list):
         for p in props:
-            if isinstance(p, dict) and isinstance(p.get("id"), int) and isinstance(p.get("name"), str):
+            if isinstance(p, dict) and _is_int(p.get("id"), 0) and isinstance(p.get("name"), str):
                 meta.device_names[p["id"]] = p["name"]
-                if isinstance(p.get("computeMajor"), int) and isinstance(p.get("computeMinor"), int):
+                if _is_int(p.get("computeMajor"), 0) and _is_int(p.get("computeMinor"), 0):
                     meta.device_capability[p["id"]] = f"{p['computeMajor']}.{p['computeMinor']}"
     return meta
