@@ -25,7 +25,7 @@ from conftest import DATA
 from gpuidle import api
 from gpuidle.cli import main
 from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound
-from gpuidle.sources import jsonstream, kineto
+from gpuidle.sources import jsonstream, kineto, kineto_events
 from minitrace import Trace
 
 KERNEL_START, KERNEL_DUR = 20.0, 30.0
@@ -224,7 +224,7 @@ def big_trace(kernels: int) -> str:
 def reading_work(path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> tuple[int, str]:
     """Bytes the reader hands to the decoder or copies out of its buffer, in all; and how reading ended."""
     total = 0
-    decode = kineto._decode_chunk
+    decode = kineto_events.decode_chunk
 
     def counting(text: bytes) -> list[Any]:
         nonlocal total
@@ -238,7 +238,7 @@ def reading_work(path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> tup
         return copy
 
     monkeypatch.setattr(jsonstream, "CHUNK", chunk)
-    monkeypatch.setattr(kineto, "_decode_chunk", counting)
+    monkeypatch.setattr(kineto, "_decode_chunk", counting)  # read() decodes through this name
     monkeypatch.setattr(jsonstream, "bytes", copying, raising=False)  # found before the builtin
     try:
         kineto.read(str(path))
@@ -314,7 +314,7 @@ def test_gzip_bombs_stop_at_the_event_limit(tmp_path: Path, monkeypatch: pytest.
     path.write_bytes(gzip.compress(payload, 1))
     CountingStream.pulled = 0
     with pytest.raises(GpuidleError, match=r"bomb\.json\.gz"):
-        list(CountingStream(str(path), kineto._decode_chunk))
+        list(CountingStream(str(path), kineto_events.decode_chunk))
     assert CountingStream.pulled <= limit + (1 << 16) + 2 * jsonstream.READ_BLOCK
 
 
@@ -342,7 +342,7 @@ def test_fifo_inside_a_folder_is_not_read(tmp_path: Path, capsys: pytest.Capture
 def test_trace_stream_refuses_a_fifo(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "f.json")
     with pytest.raises(InputNotFound, match="not a regular file"):
-        jsonstream.TraceStream(str(tmp_path / "f.json"), kineto._decode_chunk)
+        jsonstream.TraceStream(str(tmp_path / "f.json"), kineto_events.decode_chunk)
 
 
 NOBODY = 65534

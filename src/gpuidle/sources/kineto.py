@@ -34,24 +34,20 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.sources.jsonstream import TraceStream
+from gpuidle.sources.kineto_events import (
+    EMPTY_ARGS,
+    I32_MAX,
+    I32_MIN,
+    I64_MAX,
+    Args,
+    Event,
+    fit,
+    fits_int32,
+    int64,
+)
+from gpuidle.sources.kineto_events import decode_chunk as _decode_chunk
 
 FORMAT = "kineto"
-
-
-class _Args(msgspec.Struct, gc=False):
-    correlation: int = -1
-    device: int = -1
-    stream: int | str = -1
-    bytes: int = -1
-    collective: str = msgspec.field(default="", name="Collective name")
-    group: str = msgspec.field(default="", name="Process Group Name")
-    in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
-    out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
-    group_size: int = msgspec.field(default=-1, name="Group size")
-    dtype: str = ""
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
-
 
 MAX_TS_US = float(1 << 62) / 1000
 """The latest timestamp read, in µs (year 2116 as Unix time): nanoseconds past it overflow int64."""
@@ -59,79 +55,6 @@ MAX_SPAN_US = 7 * 86400 * 1e6
 """The longest event, and the longest stretch of time one trace may cover: a week, far past any profile."""
 SKIP_TIME = "ts or dur missing, not a finite number, negative or out of range"
 SKIP_ID = "an id or size (pid, device, stream, correlation, bytes) past its integer range"
-
-_NO_TIME = float("nan")
-"""A missing ``ts`` or ``dur``: not a number, so the event is skipped with the out-of-range ones."""
-
-
-class _Event(msgspec.Struct, gc=False):
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    ts: float = _NO_TIME
-    dur: float = _NO_TIME
-    pid: int | str = 0
-    tid: int | str = 0
-    args: _Args | None = None
-
-
-_EMPTY_ARGS = _Args()
-_strict = msgspec.json.Decoder(list[_Event])
-_loose = msgspec.json.Decoder(list[Any])
-
-
-def _int(v: Any, default: int = -1) -> int:
-    """An integer from a number or a numeric string (``"0x1f"`` too); unbounded, checked later."""
-    if isinstance(v, bool) or v is None:
-        return default
-    try:
-        return int(v)
-    except (TypeError, ValueError, OverflowError):
-        try:
-            return int(str(v), 0)
-        except (TypeError, ValueError):
-            return default
-
-
-def _float(v: Any) -> float:
-    if isinstance(v, bool) or v is None:
-        return _NO_TIME
-    try:
-        return float(v)
-    except (TypeError, ValueError, OverflowError):
-        return _NO_TIME
-
-
-def _loose_to_strict(ev: dict[str, Any]) -> _Event:
-    a = ev.get("args")
-    a = a if isinstance(a, dict) else {}
-    args = _Args(
-        correlation=_int(a.get("correlation")),
-        device=_int(a.get("device")),
-        stream=_int(a.get("stream")),
-        bytes=_int(a.get("bytes")),
-        collective=str(a.get("Collective name", "")),
-        group=str(a.get("Process Group Name", "")),
-        in_nelems=_int(a.get("In msg nelems")),
-        out_nelems=_int(a.get("Out msg nelems")),
-        group_size=_int(a.get("Group size")),
-        dtype=str(a.get("dtype", "")),
-        input_dims=msgspec.Raw(msgspec.json.encode(a.get("Input Dims", []))),
-        input_type=msgspec.Raw(msgspec.json.encode(a.get("Input type", []))),
-    )
-    pid, tid = ev.get("pid", 0), ev.get("tid", 0)
-    pid = pid if isinstance(pid, int | str) and not isinstance(pid, bool) else str(pid)
-    tid = tid if isinstance(tid, int | str) and not isinstance(tid, bool) else str(tid)
-    return _Event(str(ev.get("ph", "")), str(ev.get("cat", "")), str(ev.get("name", "")),
-                  _float(ev.get("ts")), _float(ev.get("dur")), pid, tid, args)
-
-
-def _decode_chunk(text: bytes) -> list[_Event]:
-    """Typed decoding; a chunk with unexpected types (or elements that are not objects) is coerced in Python."""
-    try:
-        return _strict.decode(text)
-    except msgspec.ValidationError:
-        return [_loose_to_strict(e) for e in _loose.decode(text) if isinstance(e, dict)]
 
 
 _DEVICE_CATS = {
@@ -224,7 +147,7 @@ class _Columns:
     def threads(self) -> list[tuple[str, str]]:
         return [(str(p), str(t)) for p, t in self.thread_ids]
 
-    def add(self, events: list[_Event]) -> None:
+    def add(self, events: list[Event]) -> None:
         self.events += len(events)
         code = np.array([_CODE.get(e.cat, -1) for e in events], dtype=np.int8)
         coded = np.flatnonzero(code >= 0)
@@ -236,18 +159,18 @@ class _Columns:
         dev_rows = np.flatnonzero((code >= 0) & (code < 10))
         if dev_rows.size:
             evs = [events[i] for i in dev_rows]
-            args = [e.args or _EMPTY_ARGS for e in evs]
+            args = [e.args or EMPTY_ARGS for e in evs]
             ts, dur = self._times(evs)
-            pid, bad_pid = _int64([e.pid if type(e.pid) is int else 0 for e in evs])
-            device, bad_device = _int64([a.device for a in args])
+            pid, bad_pid = int64([e.pid if type(e.pid) is int else 0 for e in evs])
+            device, bad_device = int64([a.device for a in args])
             bad_pid &= device < 0  # the pid names the device only where args do not
             device = np.where(device >= 0, device, pid)
-            stream, bad_stream = _int64([a.stream if type(a.stream) is int and a.stream >= 0 else _stream_of(e)
+            stream, bad_stream = int64([a.stream if type(a.stream) is int and a.stream >= 0 else _stream_of(e)
                                          for a, e in zip(args, evs, strict=True)])
-            corr, bad_corr = _int64([a.correlation for a in args])
-            nbytes, bad_bytes = _int64([a.bytes for a in args])
-            bad_id = bad_pid | bad_device | bad_stream | bad_corr | bad_bytes | ~_fits_int32(device) \
-                | ~_fits_int32(stream)
+            corr, bad_corr = int64([a.correlation for a in args])
+            nbytes, bad_bytes = int64([a.bytes for a in args])
+            bad_id = bad_pid | bad_device | bad_stream | bad_corr | bad_bytes | ~fits_int32(device) \
+                | ~fits_int32(stream)
             keep = self._keep(evs, ts, dur, bad_id)
             if keep is not None:
                 evs = [evs[i] for i in keep]
@@ -268,7 +191,7 @@ class _Columns:
         if host_rows.size:
             evs = [events[i] for i in host_rows]
             ts, dur = self._times(evs)
-            corr, bad_corr = _int64([(e.args or _EMPTY_ARGS).correlation for e in evs])
+            corr, bad_corr = int64([(e.args or EMPTY_ARGS).correlation for e in evs])
             keep = self._keep(evs, ts, dur, bad_corr)
             if keep is not None:
                 evs = [evs[i] for i in keep]
@@ -294,10 +217,10 @@ class _Columns:
                 self.hosts += len(evs)
 
     @staticmethod
-    def _times(evs: list[_Event]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    def _times(evs: list[Event]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         return np.array([e.ts for e in evs], dtype=np.float64), np.array([e.dur for e in evs], dtype=np.float64)
 
-    def _keep(self, evs: list[_Event], ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64],
+    def _keep(self, evs: list[Event], ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64],
               bad_id: npt.NDArray[np.bool_]) -> I64 | None:
         """Rows to keep when some events hold values the model cannot (None: keep all); the others are counted."""
         with np.errstate(invalid="ignore"):
@@ -311,7 +234,7 @@ class _Columns:
                 self.skipped.setdefault(reason, [0, f"{e.name[:60]!r} ts={e.ts!r} dur={e.dur!r}"])[0] += rows.size
         return np.flatnonzero(~bad)
 
-    def _thread_ids(self, evs: list[_Event]) -> I64:
+    def _thread_ids(self, evs: list[Event]) -> I64:
         """Thread index per event. Events come in runs of one thread, so with integer pid/tid the
         interning is per run, not per event."""
         tids = self.thread_ids
@@ -324,7 +247,7 @@ class _Columns:
         ids = np.array([tids.setdefault((evs[i].pid, evs[i].tid), len(tids)) for i in starts], dtype=np.int64)
         return np.repeat(ids, np.diff(np.append(starts, key.size)))
 
-    def _collective(self, index: int, name: str, a: _Args) -> None:
+    def _collective(self, index: int, name: str, a: Args) -> None:
         size = dtype_bytes(a.dtype) if a.dtype else -1
         inb = a.in_nelems * size if (a.in_nelems >= 0 and size > 0) else -1
         outb = a.out_nelems * size if (a.out_nelems >= 0 and size > 0) else -1
@@ -335,34 +258,12 @@ class _Columns:
         c["host"].append(index)
         c["name"].append(coll)
         c["group"].append(a.group)
-        c["inb"].append(_fit(inb))
-        c["outb"].append(_fit(outb))
-        c["size"].append(a.group_size if _I32_MIN <= a.group_size <= _I32_MAX else -1)
+        c["inb"].append(fit(inb))
+        c["outb"].append(fit(outb))
+        c["size"].append(a.group_size if I32_MIN <= a.group_size <= I32_MAX else -1)
 
 
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
-_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
-
-
-def _int64(values: list[int]) -> tuple[I64, npt.NDArray[np.bool_]]:
-    """The values as int64, and which were out of its range (those read -1)."""
-    try:
-        return np.array(values, dtype=np.int64), np.zeros(len(values), dtype=bool)
-    except OverflowError:
-        bad = np.array([not _I64_MIN <= v <= _I64_MAX for v in values], dtype=bool)
-        return np.array([-1 if b else v for v, b in zip(values, bad, strict=True)], dtype=np.int64), bad
-
-
-def _fits_int32(values: I64) -> npt.NDArray[np.bool_]:
-    return (values >= _I32_MIN) & (values <= _I32_MAX)
-
-
-def _fit(value: int) -> int:
-    """A count or size beyond int64 is as good as unknown."""
-    return value if _I64_MIN <= value <= _I64_MAX else -1
-
-
-def _stream_of(e: _Event) -> int:
+def _stream_of(e: Event) -> int:
     """Old traces name the stream in the tid (``"stream 7"``) rather than in args."""
     m = _STREAM_TID.search(str(e.tid))
     return int(m.group(1)) if m else (e.tid if type(e.tid) is int else 0)
@@ -381,13 +282,13 @@ def _bytes_from_dims(dims_raw: bytes, types_raw: bytes) -> int:
         if not isinstance(shape, list) or not shape or not isinstance(dtype, str):
             continue
         size = dtype_bytes(dtype)
-        if size < 0 or not all(isinstance(d, int) and 0 <= d <= _I64_MAX for d in shape):
+        if size < 0 or not all(isinstance(d, int) and 0 <= d <= I64_MAX for d in shape):
             continue
         n = 1
         for d in shape:
             n *= d
         total += n * size
-    return _fit(total) if total > 0 else -1
+    return fit(total) if total > 0 else -1
 
 
 _STEP = re.compile(r"^ProfilerStep#([0-9]{1,18})$")
@@ -490,7 +391,7 @@ def _profiler_steps(strings: list[str], host: HostEvents) -> Steps:
 
 def _is_int(value: Any, least: int) -> bool:
     """A rank, world size or device id: an int (not a bool) from ``least`` up to int32."""
-    return type(value) is int and least <= value <= _I32_MAX
+    return type(value) is int and least <= value <= I32_MAX
 
 
 def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
