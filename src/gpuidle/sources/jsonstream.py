@@ -6,8 +6,9 @@ events array is cut into chunks of a few MiB at ``},`` + ``{`` boundaries. Each
 chunk is decoded by the caller's typed decoder. A cut that fell inside an event
 (a ``},{`` inside a string or a nested array) makes the chunk invalid JSON only at
 its very end, where ``]`` was added; an error the decoder places before that is in the
-file itself and is reported at once. After a false cut the chunk is doubled, so every
-byte is decoded a bounded number of times and a damaged file fails as fast as it reads.
+file itself and is reported at once. After a false cut the next cut is tried, then the
+chunk is doubled, so every byte is decoded a bounded number of times and a damaged file
+fails as fast as it reads.
 
 Nothing grows without bound: an event, or a run of whitespace, longer than
 :data:`MAX_EVENT` is refused (a gzip bomb of spaces stops after that many bytes).
@@ -191,7 +192,7 @@ class TraceStream(Generic[T]):
             blocks = self._blocks(f)
             buf = self._skip_header(blocks)
             offset = 0  # bytes of the event list already decoded and dropped
-            target = CHUNK
+            target, misses = CHUNK, 0
             cuts = _Cuts(target)
             for block in blocks:
                 buf += block
@@ -200,15 +201,16 @@ class TraceStream(Generic[T]):
                     if cut is None:
                         break
                     chunk = self._decode_at(buf, cut, offset)
-                    if chunk is None:  # the cut was inside an event: try one twice as far
-                        target = 2 * cut
+                    if chunk is None:  # the cut was inside an event: try the next one, then twice as far
+                        misses += 1
+                        target = cut + 1 if misses == 1 else 2 * cut
                         cuts.skip_to(target)
                         continue
                     yield chunk
                     nxt = buf.find(b"{", cut)
                     del buf[:nxt]
                     offset += nxt
-                    target = CHUNK
+                    target, misses = CHUNK, 0
                     cuts.reset(target)
                 if len(buf) > CHUNK + MAX_EVENT:
                     raise CorruptInput(
