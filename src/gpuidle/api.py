@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,13 +58,24 @@ Progress = Callable[[str, int, int], None]
 
 def find_trace_files(path: str | Path) -> list[str]:
     """One file, or the trace files (``*.json``, ``*.json.gz``, Nsight ``*.sqlite``/``*.nsys-rep``) directly
-    inside a folder."""
+    inside a folder.
+
+    A path that is neither a regular file nor a folder (a FIFO, a device), or that cannot be
+    read, is a one-line error; inside a folder only regular files are taken.
+    """
     p = Path(path)
-    if not p.exists():
-        raise InputNotFound(f"{p}: no such file or folder")
-    if p.is_file():
-        return [str(p)]
-    files = sorted(str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+    try:
+        mode = p.stat().st_mode
+        if stat.S_ISREG(mode):
+            return [str(p)]
+        if not stat.S_ISDIR(mode):
+            raise InputNotFound(f"{p}: not a regular file or folder",
+                                "give a trace file (.json, .json.gz, Nsight .sqlite/.nsys-rep) or a folder of them")
+        files = sorted(str(f) for f in p.iterdir() if f.name.endswith(TRACE_SUFFIXES) and _is_regular(f))
+    except FileNotFoundError:
+        raise InputNotFound(f"{p}: no such file or folder") from None
+    except OSError as err:
+        raise InputNotFound(f"{p}: cannot read ({err.strerror})") from None
     if not files:
         raise InputNotFound(f"{p}: no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep) in this folder",
                             "point at the folder torch.profiler.tensorboard_trace_handler wrote")
@@ -87,6 +99,13 @@ def read_timelines(path: str, progress: Callable[[int, int], None] | None = None
     return [kineto.read(path, progress)]
 
 
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return True  # listed but unreadable: reading it says why, and the folder goes on without it
+
+
 @dataclass(frozen=True, slots=True)
 class _Outcome:
     path: str
@@ -97,11 +116,14 @@ class _Outcome:
 
 
 def _outcomes(path: str, progress: Callable[[int, int], None] | None = None) -> list[_Outcome]:
+    """One file's ranks: any failure, even a bug, is that file's outcome, not the job's."""
     try:
         return [_Outcome(path, summarize_rank(tl), None, tl.meta.format, tl.meta.framework)
                 for tl in read_timelines(path, progress)]
     except GpuidleError as err:
         return [_Outcome(path, None, str(err))]
+    except Exception as err:  # one rank's crash, even a bug, must not take the folder down
+        return [_Outcome(path, None, " ".join(f"failed: {type(err).__name__}: {err}".split()))]
 
 
 def _analyze_file(path: str) -> list[_Outcome]:
@@ -190,15 +212,26 @@ def _run(files: list[str], workers: int | None, progress: Progress | None) -> li
         path = files[0]
         return _outcomes(path, (lambda done, total: progress(path, done, total)) if progress else None)
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     n = max(1, min(workers or os.cpu_count() or 1, len(files)))
     out: list[_Outcome] = []
+    lost: list[str] = []
     with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(_analyze_file, f) for f in files]
+        futures = {pool.submit(_analyze_file, f): f for f in files}
         for done, fut in enumerate(as_completed(futures), 1):
-            out.extend(fut.result())
+            try:
+                out.extend(fut.result())
+            except BrokenProcessPool:  # a worker died (killed, out of memory): every pending file fails
+                lost.append(futures[fut])
             if progress:
                 progress("ranks", done, len(files))
+    for f in sorted(lost):  # alone, each in a fresh worker: only the file that kills its worker is lost
+        with ProcessPoolExecutor(max_workers=1) as alone:
+            try:
+                out.extend(alone.submit(_analyze_file, f).result())
+            except BrokenProcessPool:
+                out.append(_Outcome(f, None, "the worker reading it died (out of memory, or killed)"))
     return sorted(out, key=lambda o: (o.path, o.analysis.report.rank if o.analysis else -1))
 
 

@@ -35,8 +35,17 @@ _decoder = msgspec.json.Decoder(TrackerLine)
 
 
 def is_tracker_path(path: str | Path) -> bool:
-    """A tracker folder (a summary or a rank log inside), a rank log, or the summary itself."""
-    p = Path(path)
+    """A tracker folder (a summary or a rank log inside), a rank log, or the summary itself.
+
+    A path that cannot be read is not: the trace reader then says why it cannot be read.
+    """
+    try:
+        return _is_tracker_path(Path(path))
+    except OSError:
+        return False
+
+
+def _is_tracker_path(p: Path) -> bool:
     if p.is_dir():
         return (p / TRACKER_SUMMARY).is_file() or any(RANK_LOG.fullmatch(f.name) for f in p.iterdir())
     if not p.is_file():
