@@ -17,7 +17,8 @@ from gpuidle.analysis.series import HOST_TIMED_NOTE, rank_report, split_steps, s
 from gpuidle.api import analyze
 from gpuidle.cli import main
 from gpuidle.errors import CorruptInput, GpuidleError, NotATrace
-from gpuidle.live.torch import HostClock, Marker, StepTracker, batch_size, timed_hook
+from gpuidle.live.tracker import HostClock, Marker, StepTracker, batch_size, timed_hook
+from gpuidle.live.tracker.ddp import comm_times
 from gpuidle.model import CAUSES, TRACKER_SUMMARY, StepSeries
 from gpuidle.report.jsonout import load_report
 from gpuidle.sources import tracker as reader
@@ -346,7 +347,7 @@ def test_bucket_times_union_and_exposed(tmp_path: Path) -> None:
     c_ready = at(5 * MS)
     b_done = at(6 * MS)
     c_done = at(9 * MS)
-    union, exposed = tr._comm_times([[a_ready, a_done, 0], [b_ready, b_done, 0], [c_ready, c_done, 0]])
+    union, exposed = comm_times(host, [[a_ready, a_done, 0], [b_ready, b_done, 0], [c_ready, c_done, 0]])
     assert union == 9 * MS
     assert exposed == 4 * MS  # the last bucket was ready at 5 ms, the last done at 9 ms
     tr.close()
