@@ -453,7 +453,9 @@ class StepTracker:
         self._drain(self._step)
         self._exchange(final=True)
         self._finish([])
-        if self.rank == 0:
+        if self.rank == 0 and not len(self._job):
+            self._log(f"no step was recorded: no job summary in {self.out_dir}")
+        elif self.rank == 0:
             try:
                 self.report = self._summarize()
             except Exception as err:  # the end of a long run is no place to crash: the logs are complete

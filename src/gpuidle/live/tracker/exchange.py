@@ -113,6 +113,9 @@ class JobMemory:
             self._steps -= gone.shape[1]
             self.dropped += gone.shape[1]
 
+    def __len__(self) -> int:
+        return self._steps
+
     def steps(self) -> np.ndarray:
         """``[world, n, F + 1]`` of the steps kept."""
         return np.concatenate(self._blocks, axis=1) if self._blocks else self._empty
