@@ -56,7 +56,18 @@ from gpuidle.model import (
 
 from . import ddp, output
 from .clock import CudaClock, DeviceClock, HostClock, Marker
-from .exchange import Gather, JobMemory, RowLayout, alone, dist_gather, exchange_group, gather_steps
+from .exchange import (
+    Gather,
+    JobInfo,
+    JobMemory,
+    RowLayout,
+    alone,
+    dist_gather,
+    dist_hostnames,
+    exchange_group,
+    gather_steps,
+)
+from .metrics import RECENT_STEPS, MetricsServer
 from .phases import (
     COMPUTE_PHASES,
     COPY_PHASE,
@@ -99,6 +110,9 @@ class StepTracker:
     :param label: the name of this run in the ledger (for ``gpuidle compare``).
     :param ledger: rank 0 records the job summary in the run ledger: True (the default ledger),
         a path, or False (no record).
+    :param prometheus_port: rank 0 serves the job's numbers as Prometheus metrics on this port
+        (0: any free one, see :attr:`prometheus_port`) until :meth:`close`; other ranks ignore it.
+    :param prometheus_addr: the address the metrics are served on (default: this host only).
     """
 
     def __init__(
@@ -124,6 +138,8 @@ class StepTracker:
         summary_steps: int = 5000,
         label: str | None = None,
         ledger: str | os.PathLike[str] | bool = True,
+        prometheus_port: int | None = None,
+        prometheus_addr: str = "127.0.0.1",
     ) -> None:
         if every < 1 or resolve_lag < 0 or (log_every is not None and log_every < 1):
             raise GpuidleError(f"every={every}, log_every={log_every}, resolve_lag={resolve_lag}",
@@ -161,14 +177,25 @@ class StepTracker:
         self._device = torch.cuda.current_device() if cuda else 0
         device_name = torch.cuda.get_device_name(self._device) if cuda else None
 
+        host = socket.gethostname()
+        hosts = [host] * self.world_size  # a test's gather runs every rank in this process
         if gather is not None:
             self._gather = gather
         elif self.world_size > 1:
-            self._gather = dist_gather(exchange_group(group), self.world_size)
+            exchange = exchange_group(group)
+            self._gather = dist_gather(exchange, self.world_size)
+            hosts = dist_hostnames(exchange, self.world_size, host)
         else:
             self._gather = alone
 
-        self._rows_layout = RowLayout(self._phases, device_timed=device_clock is not None)
+        self.out_dir = Path(out_dir)
+        self._rows_layout = RowLayout(self._phases, JobInfo(
+            world_size=self.world_size, out_dir=self.out_dir, timing=self.timing, device=self._device,
+            device_name=device_name, compute_phases=self._compute, copy_phase=self._copy))
+        self._metrics = MetricsServer(label or self.out_dir.resolve().name, hosts, prometheus_port, prometheus_addr) \
+            if self.rank == 0 and prometheus_port is not None else None
+        self.prometheus_port = self._metrics.port if self._metrics is not None else None
+        """The port rank 0 serves its metrics on until :meth:`close`, None when it serves none."""
         self._step = 0
         self._step_start: int | None = None
         self._open = OpenStep()
@@ -186,7 +213,6 @@ class StepTracker:
         self.report: AnalysisReport | None = None
         self._notes = notes
 
-        self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             output.remove_stale(self.out_dir, self.world_size)
@@ -194,7 +220,7 @@ class StepTracker:
         self._file = output.RankLog(self.path)
         self._header = TrackerHeader(
             format=TRACKER_FORMAT, rank=self.rank, world_size=self.world_size, timing=self.timing,
-            device=self._device, device_name=device_name, host=socket.gethostname(), pid=os.getpid(),
+            device=self._device, device_name=device_name, host=host, pid=os.getpid(),
             t0=time.time(), phases=[*self._phases, TRACKER_OTHER], compute_phases=self._compute,
             copy_phase=self._copy, every=every, notes=notes,
         )
@@ -414,27 +440,22 @@ class StepTracker:
         if self.rank == 0:
             block = np.concatenate([everyone, wait[:, :, None].astype(np.float64)], axis=2)
             self._job.keep(block)
+            if self._metrics is not None:
+                recent, ranks = self._job.recent(RECENT_STEPS), range(block.shape[0])
+                self._metrics.metrics.update([self._series(r, block[r]) for r in ranks],
+                                             [self._series(r, recent[r]) for r in ranks])
             if self._log_every and self._step >= self._next_log and not final:
                 self._log(self._log_line(block))
                 while self._next_log <= self._step:
                     self._next_log += self._log_every
 
-    def _series(self, rank: int, m: np.ndarray, notes: list[str]) -> StepSeries:
+    def _series(self, rank: int, m: np.ndarray, notes: list[str] | None = None) -> StepSeries:
         """One rank's rows (``[n, F + 1]``, the wait last) as a :class:`StepSeries`."""
-        empty = np.zeros(0, dtype=np.int64)
-        template = StepSeries(
-            rank=rank, world_size=self.world_size, path=str(self.out_dir / TRACKER_LOG.format(rank=rank)),
-            timing=self.timing, device=self._device, device_name=self._header.device_name,
-            compute_phases=self._compute, copy_phase=self._copy, step=empty, start=empty, dur=empty, data=empty,
-            phases={}, device_phases={}, comm=empty, comm_exposed=empty, straggler=empty, buckets=empty,
-            bucket_bytes=empty, samples=empty, batches=empty, profiled=np.zeros(0, dtype=bool),
-            comm_hook=self._comm_hook, notes=notes,
-        )
-        return self._rows_layout.series(m, template)
+        return self._rows_layout.series(m, rank, self._comm_hook, notes if notes is not None else [])
 
     def _log_line(self, block: np.ndarray) -> str:
         """``step 1200 | 212 ms | GPU busy 61 % | data wait 31 % (rank 3: 48 %) | straggler: rank 3 ×1.4``."""
-        stats = rank_stats([self._series(r, block[r], []) for r in range(block.shape[0])])
+        stats = rank_stats([self._series(r, block[r]) for r in range(block.shape[0])])
         return output.log_line(self._step, stats, self._dev is not None, self._comm_hook is not None)
 
     # -- the end -------------------------------------------------------------------
@@ -461,6 +482,8 @@ class StepTracker:
             except Exception as err:  # the end of a long run is no place to crash: the logs are complete
                 self._log(f"no job summary ({type(err).__name__}: {err}); the rank logs are complete: "
                           f"gpuidle analyze {self.out_dir}")
+        if self._metrics is not None:
+            self._metrics.close()
         return self.report
 
     def _finish(self, notes: list[str]) -> None:
@@ -471,22 +494,14 @@ class StepTracker:
         self._notes.extend(notes)
 
     def _summarize(self) -> AnalysisReport:
-        from gpuidle.api import analyze_series
-
         job = self._job.steps()
         notes = list(self._notes)
         if self._job.dropped:
             notes.append(f"the job summary covers the last {job.shape[1]} steps of {job.shape[1] + self._job.dropped}; "
                          f"gpuidle analyze {self.out_dir} reads every step from the rank logs")
         series = [self._series(r, job[r], notes) for r in range(job.shape[0])]
-        report = analyze_series(series, [str(self.out_dir)])
-        text = output.write_summary(report, self.out_dir)
-        for line in output.job_view(report, rank_stats(series), series, str(self.out_dir)):
-            self._log(line)
-        if self._ledger is not False:
-            output.record(report, text, self.out_dir, self._label,
-                          None if self._ledger is True else Path(self._ledger), self._log)
-        return report
+        ledger = self._ledger if isinstance(self._ledger, bool) else Path(self._ledger)
+        return output.summarize(series, self.out_dir, self._log, self._label, ledger)
 
     def __enter__(self) -> StepTracker:
         return self
@@ -503,4 +518,6 @@ class StepTracker:
             layout = self._rows_layout
             rows = np.array(self._rows, dtype=np.float64).reshape(len(self._rows), len(layout))
             self._file.write([layout.line(r, 0) for r in rows])
+            if self._metrics is not None:
+                self._metrics.close()
             self._finish([f"closed by {kind.__name__}: steps after the last exchange have no straggler split"])

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -19,7 +21,7 @@ import torch.distributed as dist
 
 from gpuidle.analysis.series import straggler_split
 from gpuidle.errors import GpuidleError
-from gpuidle.model import TRACKER_OTHER, StepSeries, TrackerStep
+from gpuidle.model import TRACKER_LOG, TRACKER_OTHER, StepSeries, TrackerStep
 
 Gather = Callable[[np.ndarray], np.ndarray]
 """``rows [n, F]`` of this rank in, ``[world, n, F]`` of every rank out; called by all ranks together."""
@@ -27,13 +29,27 @@ Gather = Callable[[np.ndarray], np.ndarray]
 TAIL = ("comm", "exposed", "buckets", "bytes", "samples", "batches", "profiled")
 
 
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """What every rank's series shares: the job's size and folder, the timing, the device, the phases' roles."""
+
+    world_size: int
+    out_dir: Path
+    timing: str
+    device: int
+    device_name: str | None
+    compute_phases: list[str]
+    copy_phase: str
+
+
 class RowLayout:
     """The columns of a step's row: times, phases on the host and the device, communication, data."""
 
-    def __init__(self, phases: Sequence[str], device_timed: bool) -> None:
+    def __init__(self, phases: Sequence[str], info: JobInfo) -> None:
         names = [*phases, TRACKER_OTHER]
         self.names = names
-        self.device_timed = device_timed
+        self.info = info
+        self.device_timed = info.timing == "device"
         self.cols = ["step", "start", "dur", "data", *(f"host:{p}" for p in names),
                      *(f"device:{p}" for p in names), *TAIL]
         self.col = {c: i for i, c in enumerate(self.cols)}
@@ -56,23 +72,25 @@ class RowLayout:
             samples=samples, batches=batches, profiled=bool(profiled),
         )
 
-    def series(self, m: np.ndarray, template: StepSeries) -> StepSeries:
-        """One rank's rows (``[n, F + 1]``, the wait last) as a :class:`StepSeries` like ``template``."""
+    def series(self, m: np.ndarray, rank: int, comm_hook: str | None, notes: list[str]) -> StepSeries:
+        """One rank's rows (``[n, F + 1]``, the wait last) as a :class:`StepSeries`."""
         m = m[~np.isnan(m[:, 0])]
         col = self.col
 
         def c(name: str) -> np.ndarray:
             return m[:, col[name]].astype(np.int64)
 
+        info = self.info
         return StepSeries(
-            rank=template.rank, world_size=template.world_size, path=template.path, timing=template.timing,
-            device=template.device, device_name=template.device_name, compute_phases=template.compute_phases,
-            copy_phase=template.copy_phase, step=c("step"), start=c("start"), dur=c("dur"), data=c("data"),
+            rank=rank, world_size=info.world_size, path=str(info.out_dir / TRACKER_LOG.format(rank=rank)),
+            timing=info.timing, device=info.device, device_name=info.device_name,
+            compute_phases=info.compute_phases, copy_phase=info.copy_phase,
+            step=c("step"), start=c("start"), dur=c("dur"), data=c("data"),
             phases={p: c(f"host:{p}") for p in self.names},
             device_phases={p: c(f"device:{p}") for p in self.names} if self.device_timed else {},
             comm=c("comm"), comm_exposed=c("exposed"), straggler=m[:, -1].astype(np.int64), buckets=c("buckets"),
             bucket_bytes=c("bytes"), samples=c("samples"), batches=c("batches"),
-            profiled=m[:, col["profiled"]] > 0, comm_hook=template.comm_hook, notes=template.notes,
+            profiled=m[:, col["profiled"]] > 0, comm_hook=comm_hook, notes=notes,
         )
 
 
@@ -160,3 +178,10 @@ def dist_gather(group: dist.ProcessGroup | None, world: int) -> Gather:
         return np.stack([o.cpu().numpy() for o in out])
 
     return gather
+
+
+def dist_hostnames(group: dist.ProcessGroup | None, world: int, host: str) -> list[str]:
+    """Every rank's host name, by rank: once, when the tracker starts (labels of the metrics)."""
+    hosts: list[object] = [None] * world
+    dist.all_gather_object(hosts, host, group=group)
+    return [str(h) for h in hosts]

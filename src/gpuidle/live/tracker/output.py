@@ -101,6 +101,22 @@ def job_view(report: AnalysisReport, stats: Sequence[RankStats], series: Sequenc
     return lines
 
 
+def summarize(series: list[StepSeries], out_dir: Path, log: Callable[[str], None], label: str | None,
+              ledger: Path | bool) -> AnalysisReport:
+    """The job summary from every rank's series: written beside the logs, logged as the job view, and
+    recorded in the run ledger (``ledger``: True for the default one, a path, or False for none)."""
+    from gpuidle.analysis.series import rank_stats
+    from gpuidle.api import analyze_series
+
+    report = analyze_series(series, [str(out_dir)])
+    text = write_summary(report, out_dir)
+    for line in job_view(report, rank_stats(series), series, str(out_dir)):
+        log(line)
+    if ledger is not False:
+        record(report, text, out_dir, label, None if ledger is True else ledger, log)
+    return report
+
+
 def write_summary(report: AnalysisReport, out_dir: Path) -> str:
     """Write the job summary beside the rank logs; return its text."""
     text = msgspec.json.format(msgspec.json.encode(report).decode(), indent=2) + "\n"
