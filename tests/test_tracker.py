@@ -353,6 +353,37 @@ def test_bucket_times_union_and_exposed(tmp_path: Path) -> None:
     tr.close()
 
 
+def _swept(spans_us: list[tuple[int, int]]) -> tuple[int, int]:
+    """Reference: a tick per µs. Communication runs in a tick some bucket's [ready, done) covers;
+    exposed are those ticks after the last bucket was handed over (no gradient is computed then)."""
+    end = max(b for _, b in spans_us)
+    running = np.zeros(end, dtype=bool)
+    for a, b in spans_us:
+        running[a:b] = True
+    last_ready = max(a for a, _ in spans_us)
+    return int(running.sum()) * 1000, int(running[last_ready:].sum()) * 1000
+
+
+@pytest.mark.parametrize("spans_us", [
+    [(0, 3_000), (2_000, 6_000), (5_000, 9_000)],  # buckets overlapping backward, in order
+    [(0, 30_000), (10_000, 31_000)],  # a heavy early bucket: the last one waits behind it in the queue
+    [(0, 40_000), (10_000, 12_000)],  # the heavy early bucket ends after the last one
+    [(1_000, 2_000), (4_000, 5_000), (9_000, 25_000)],  # gaps between, then a heavy last bucket
+    [(7_000, 18_000)],  # one bucket: everything after it was handed over
+])
+def test_bucket_booking_agrees_with_a_sweep(spans_us: list[tuple[int, int]]) -> None:
+    clk = FakeClock()
+    host = HostClock(clk)
+    t0 = clk.t
+
+    def mark(us: int) -> Marker:
+        clk.t = t0 + us * 1000
+        return host.mark()
+
+    buckets: list[list[object]] = [[mark(a), mark(b), 0] for a, b in spans_us]
+    assert comm_times(host, buckets) == _swept(spans_us)
+
+
 def test_straggler_split_is_the_excess_over_the_last_rank() -> None:
     exposed = np.array([[5, 1, 7], [1, 4, 7], [3, 1, 7]]) * MS
     np.testing.assert_array_equal(straggler_split(exposed), np.array([[4, 0, 0], [0, 3, 0], [2, 0, 0]]) * MS)
