@@ -1,18 +1,4 @@
-"""The in-process step tracker: where every step of every rank spends its time.
-
->>> from gpuidle.torch import StepTracker
->>> tracker = StepTracker(out_dir="gpuidle-run", model=ddp_model)   # doctest: +SKIP
->>> for batch in tracker.loader(train_loader):                     # doctest: +SKIP
-...     with tracker.phase("h2d"):
-...         batch = batch.to(device, non_blocking=True)
-...     with tracker.phase("forward"):
-...         loss = model(batch)
-...     with tracker.phase("backward"):
-...         loss.backward()
-...     with tracker.phase("optimizer"):
-...         opt.step(); opt.zero_grad()
-...     tracker.step()
->>> tracker.close()                                                # doctest: +SKIP
+"""The in-process step tracker: where every step of every rank spends its time (usage: the package).
 
 Timing never stalls the loop. With CUDA, each phase is bracketed by two events recorded on
 the current stream (:mod:`.clock`). A step's events are read once they have completed, checked
