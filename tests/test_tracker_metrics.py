@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuidle.model import CAUSES
+from gpuidle.model import CAUSES, TRACKER_METRICS
 
 torch = pytest.importorskip("torch")
 parser = pytest.importorskip("prometheus_client.parser")
@@ -43,11 +43,16 @@ def _gather(rows: np.ndarray) -> np.ndarray:
     return np.stack([rows, other])
 
 
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def _scrape(port: int, families: dict[str, str] | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample by name and labels; ``families`` gets each family's type."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in parser.text_string_to_metric_families(text) for s in fam.samples}
+    out = {}
+    for fam in parser.text_string_to_metric_families(text):
+        if families is not None:
+            families[fam.name] = fam.type
+        out.update({(s.name, tuple(sorted(s.labels.items()))): s.value for s in fam.samples})
+    return out
 
 
 def test_the_metrics_match_the_job_summary(tmp_path: Path) -> None:
@@ -67,7 +72,9 @@ def test_the_metrics_match_the_job_summary(tmp_path: Path) -> None:
             clk.t += 5 * MS
             tr._bucket_done(entry)
         tr.step()
-    got = _scrape(tr.prometheus_port)  # every step was exchanged (every=5, host timing reads at once)
+    families: dict[str, str] = {}
+    got = _scrape(tr.prometheus_port, families)  # every step was exchanged (every=5, host timing reads at once)
+    assert families == {m.name.removesuffix("_total"): m.kind for m in TRACKER_METRICS}  # the catalogue, no more
     report = tr.close()
     assert report is not None
     assert report.job is not None

@@ -1,18 +1,13 @@
 """The tracker's numbers as Prometheus metrics, served by rank 0 while the job runs.
 
 ``StepTracker(prometheus_port=9401)`` on rank 0 serves ``/metrics`` (bound to 127.0.0.1 unless
-``prometheus_addr`` says otherwise), updated at every exchange, per rank, with the labels
-``job``, ``rank`` and ``Hostname`` (dcgm-exporter's spelling):
-
-- ``gpuidle_tracker_step_seconds``: median step time over the recent steps;
-- ``gpuidle_tracker_data_wait_ratio``: the wait for data, as a share of the recent steps' time;
-- ``gpuidle_tracker_exposed_communication_seconds``: exposed communication per recent step
-  (mean; waiting for a slower rank included);
-- ``gpuidle_tracker_straggler_score``: the rank's median own step time ÷ the fastest rank's;
-- ``gpuidle_tracker_idle_seconds_total{cause=...}``: idle time per cause since the start, in the
-  causes' vocabulary (a counter).
-
-Profiled steps are left out of all of them, as from the job summary.
+``prometheus_addr`` says otherwise), updated at every exchange, one series per rank: the
+families of :data:`gpuidle.model.TRACKER_METRICS`, with their labels (``job``, ``rank``,
+``Hostname``). The gauges are taken over each rank's last :data:`RECENT_STEPS` steps: the median
+step time, the data wait's share of the step time, the mean exposed communication per step
+(waiting for a slower rank included) and the straggler score (median own step time ÷ the
+fastest rank's); the counter is the idle time per cause since the start. Profiled steps are
+left out of all of them, as from the job summary.
 """
 
 from __future__ import annotations
@@ -26,16 +21,10 @@ import numpy as np
 
 from gpuidle.analysis.series import measured, rank_stats, split_steps
 from gpuidle.errors import GpuidleError
-from gpuidle.model import CAUSES, StepSeries
+from gpuidle.model import CAUSES, TRACKER_METRICS, StepSeries
 
 RECENT_STEPS = 100
 """The window of the gauges: each rank's last this many steps."""
-STEP = "gpuidle_tracker_step_seconds"
-DATA_WAIT = "gpuidle_tracker_data_wait_ratio"
-EXPOSED = "gpuidle_tracker_exposed_communication_seconds"
-SCORE = "gpuidle_tracker_straggler_score"
-IDLE = "gpuidle_tracker_idle_seconds_total"
-LABELS = ["job", "rank", "Hostname"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +35,16 @@ class RankGauges:
     data_wait: float
     exposed_s: float
     score: float
+
+
+GAUGES = {
+    "gpuidle_tracker_step_seconds": "step_s",
+    "gpuidle_tracker_data_wait_ratio": "data_wait",
+    "gpuidle_tracker_exposed_communication_seconds": "exposed_s",
+    "gpuidle_tracker_straggler_score": "score",
+}
+"""The catalogue's gauges, each with the :class:`RankGauges` field it shows."""
+IDLE_BY_CAUSE = "gpuidle_tracker_idle_seconds_total"
 
 
 class TrackerMetrics:
@@ -79,28 +78,23 @@ class TrackerMetrics:
 
         with self._lock:
             gauges, idle = dict(self._gauges), self._idle_ns.copy()
-        fams = {
-            STEP: GaugeMetricFamily(STEP, "median step time over the recent steps", labels=LABELS),
-            DATA_WAIT: GaugeMetricFamily(DATA_WAIT, "wait for data, share of the recent steps' time", labels=LABELS),
-            EXPOSED: GaugeMetricFamily(EXPOSED, "exposed communication per recent step, waiting for a slower rank "
-                                       "included", labels=LABELS),
-            SCORE: GaugeMetricFamily(SCORE, "median own step time (less waiting) / the fastest rank's", labels=LABELS),
-        }
-        for rank in sorted(gauges):
-            g, labels = gauges[rank], self._labels(rank)
-            fams[STEP].add_metric(labels, g.step_s)
-            fams[DATA_WAIT].add_metric(labels, g.data_wait)
-            fams[EXPOSED].add_metric(labels, g.exposed_s)
-            fams[SCORE].add_metric(labels, g.score)
-        yield from fams.values()
-        counter = CounterMetricFamily(IDLE, "idle time by cause since the tracker started", labels=[*LABELS, "cause"])
-        for rank in range(idle.shape[0]):
-            for j, cause in enumerate(CAUSES):
-                counter.add_metric([*self._labels(rank), cause.value], float(idle[rank, j]) / 1e9)
-        yield counter
+        for m in TRACKER_METRICS:
+            if m.name == IDLE_BY_CAUSE:
+                counter = CounterMetricFamily(m.name, m.help, labels=list(m.labels))
+                for rank in range(idle.shape[0]):
+                    for j, cause in enumerate(CAUSES):
+                        counter.add_metric(self._labels(rank, m.labels, cause=cause.value), float(idle[rank, j]) / 1e9)
+                yield counter
+                continue
+            gauge = GaugeMetricFamily(m.name, m.help, labels=list(m.labels))
+            for rank in sorted(gauges):
+                gauge.add_metric(self._labels(rank, m.labels), float(getattr(gauges[rank], GAUGES[m.name])))
+            yield gauge
 
-    def _labels(self, rank: int) -> list[str]:
-        return [self.job, str(rank), self.hosts[rank] if rank < len(self.hosts) else ""]
+    def _labels(self, rank: int, names: Sequence[str], **more: str) -> list[str]:
+        values = {"job": self.job, "rank": str(rank), "Hostname": self.hosts[rank] if rank < len(self.hosts) else "",
+                  **more}
+        return [values[n] for n in names]
 
 
 class MetricsServer:
