@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from gpuidle.analysis.series import HOST_TIMED_NOTE, rank_stats
 from gpuidle.errors import GpuidleError
+from gpuidle.live.exporter import node_name
 from gpuidle.model import (
     TRACKER_FORMAT,
     TRACKER_LOG,
@@ -163,14 +164,14 @@ class StepTracker:
         self._device = torch.cuda.current_device() if cuda else 0
         device_name = torch.cuda.get_device_name(self._device) if cuda else None
 
-        host = socket.gethostname()
-        hosts = [host] * self.world_size  # a test's gather runs every rank in this process
+        host, node = socket.gethostname(), node_name()
+        hosts = [node] * self.world_size  # the metrics' Hostname labels; a test's gather runs every rank here
         if gather is not None:
             self._gather = gather
         elif self.world_size > 1:
             exchange = exchange_group(group)
             self._gather = dist_gather(exchange, self.world_size)
-            hosts = dist_hostnames(exchange, self.world_size, host)
+            hosts = dist_hostnames(exchange, self.world_size, node)
         else:
             self._gather = alone
 

@@ -181,7 +181,7 @@ def dist_gather(group: dist.ProcessGroup | None, world: int) -> Gather:
 
 
 def dist_hostnames(group: dist.ProcessGroup | None, world: int, host: str) -> list[str]:
-    """Every rank's host name, by rank: once, when the tracker starts (labels of the metrics)."""
+    """Every rank's node name, by rank: once, when the tracker starts (the metrics' ``Hostname`` labels)."""
     hosts: list[object] = [None] * world
     dist.all_gather_object(hosts, host, group=group)
     return [str(h) for h in hosts]
