@@ -190,7 +190,7 @@ class StepTracker:
         self._pending: deque[PendingStep] = deque()
         self._rows: list[list[float]] = []
         self._sent = 0
-        self._job = JobMemory(self.world_size, len(self._rows_layout), summary_steps)
+        self._job = JobMemory(self.world_size, self._rows_layout.width, summary_steps)
         self._next_log = log_every or 0
         self._forced = 0
         self._comm_hook: str | None = None
@@ -217,7 +217,7 @@ class StepTracker:
                 self._log(note)
         if self.rank == 0:
             # numpy loads parts of itself on first use: pay that here, not in the middle of a step
-            self._log_line(np.zeros((self.world_size, 1, len(self._rows_layout) + 1)))
+            self._log_line(np.zeros((self.world_size, 1, self._rows_layout.width + 1)))
         if model is not None:
             self.watch_ddp(model)
 
@@ -314,7 +314,8 @@ class StepTracker:
         self._drain(self._step - self._lag)
         if self._step % self._every == 0:
             self._exchange(final=False)
-        self._window.step(self._step)
+        if self._window.running:
+            self._window.step(self._step)
         if self._nvtx:
             torch.cuda.nvtx.mark(f"gpuidle step {self._step}")  # type: ignore[no-untyped-call]
 
@@ -391,7 +392,7 @@ class StepTracker:
                 if c[1] is not None:
                     c[1].synchronize()
         layout = self._rows_layout
-        row = [0.0] * len(layout)
+        row = [0.0] * layout.width
         row[0], row[1], row[2], row[3] = p.step, p.start, p.dur, work.data
         cols, other = layout.host_col, layout.host_col[TRACKER_OTHER]
         for name, ns in work.host.items():
@@ -417,7 +418,7 @@ class StepTracker:
         if count <= 0 and not final:
             return
         layout = self._rows_layout
-        rows = np.array(self._rows[:count], dtype=np.float64).reshape(count, len(layout))
+        rows = np.array(self._rows[:count], dtype=np.float64).reshape(count, layout.width)
         del self._rows[:count]
         everyone, wait = gather_steps(self._gather, rows, layout, self.world_size, final)
         mine = everyone[self.rank]
@@ -503,7 +504,7 @@ class StepTracker:
             self._let_go()
             self._drain(self._step)
             layout = self._rows_layout
-            rows = np.array(self._rows, dtype=np.float64).reshape(len(self._rows), len(layout))
+            rows = np.array(self._rows, dtype=np.float64).reshape(len(self._rows), layout.width)
             self._file.write([layout.line(r, 0) for r in rows])
             if self._metrics is not None:
                 self._metrics.close()

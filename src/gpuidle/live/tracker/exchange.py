@@ -57,9 +57,7 @@ class RowLayout:
         self.device_col = {p: self.col[f"device:{p}"] for p in names}
         self.tail = [self.col[c] for c in TAIL]
         self.exposed = self.col["exposed"]
-
-    def __len__(self) -> int:
-        return len(self.cols)
+        self.width = len(self.cols)
 
     def line(self, r: np.ndarray, wait: int) -> TrackerStep:
         """A row and its wait for the slowest rank as the log's step line."""
@@ -104,7 +102,7 @@ def gather_steps(gather: Gather, rows: np.ndarray, layout: RowLayout, world_size
     count = rows.shape[0]
     if final and world_size > 1:
         most = int(np.nanmax(gather(np.array([[float(count)]]))))
-        rows = np.vstack([rows, np.full((most - count, len(layout)), np.nan)])
+        rows = np.vstack([rows, np.full((most - count, layout.width), np.nan)])
     everyone = gather(rows)
     full = ~np.isnan(everyone[:, :, 0]).any(axis=0)
     wait = np.zeros(everyone.shape[:2], dtype=np.int64)

@@ -25,6 +25,8 @@ class ProfileWindow:
         self._prof: torch.profiler.profile | None = None
         self.steps = range(0)
         """The tracker's steps the profiler runs in: one warm-up step, then the window."""
+        self.running = False
+        """A plain attribute: the tracker checks it every step."""
 
     def start(self, steps: range, current: int, where: Path, rank: int, *,
               record_shapes: bool = False, with_stack: bool = False) -> None:
@@ -49,6 +51,7 @@ class ProfileWindow:
         prof.step_num = current  # ProfilerStep#N then carries the tracker's step numbers
         prof.start()
         self._prof = prof
+        self.running = True
         self.steps = range(steps.start - 1, steps.stop)
 
     def step(self, done: int) -> None:
@@ -63,3 +66,4 @@ class ProfileWindow:
         if self._prof is not None:
             self._prof.stop()
             self._prof = None
+            self.running = False
