@@ -93,7 +93,7 @@ def read(paths: Sequence[str | Path]) -> TrackerRun:
     for f in logs:
         try:
             series.append(read_log(f))
-        except (CorruptInput, NotATrace) as err:
+        except (CorruptInput, NotATrace, InputNotFound) as err:
             if len(logs) == 1:
                 raise
             skipped.append(f"{f}: {err}")
@@ -147,6 +147,10 @@ def read_log(path: str | Path) -> StepSeries:
             steps.append(item)
         elif isinstance(item, TrackerEnd):
             end = item
+    if not steps:
+        raise InputNotFound(f"{p}: a tracker log without steps (a header only)",
+                            f"the job stopped before the tracker wrote a step: steps are written every {head.every} "
+                            "steps and at tracker.close()")
     if end is None:
         notes.append(f"{p.name} has no end line: the job stopped before tracker.close(), its last steps are missing")
     else:
