@@ -72,10 +72,10 @@ def _gpus(r: ledger.Run) -> str:
 
 def run_history(args: argparse.Namespace) -> int:
     path = Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
-    if not path.exists():
+    if not ledger.exists(path):
         runs: list[ledger.Run] = []
     else:
-        with ledger.Ledger(path) as book:
+        with ledger.Ledger.for_reading(path) as book:
             runs = book.runs(limit=args.limit) if args.kind is None else \
                 [r for r in book.runs() if _of_kind(r.kind, args.kind)][:args.limit]
     if args.json:
