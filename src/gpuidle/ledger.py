@@ -452,6 +452,8 @@ def git_state(workdir: str | Path | None = None) -> tuple[str | None, bool | Non
     """``(commit, dirty)`` of the git working tree around ``workdir`` (default: the current directory).
 
     ``(None, None)`` outside a repository or without git. Untracked files do not count as dirty.
+    Read without writing: a plain ``git status`` refreshes ``.git/index`` (through ``index.lock``)
+    and can collide with the user's own git commands; ``--no-optional-locks`` leaves it alone.
     """
     cwd = str(workdir) if workdir is not None else os.getcwd()
     try:
@@ -459,8 +461,8 @@ def git_state(workdir: str | Path | None = None) -> tuple[str | None, bool | Non
                               timeout=10, check=False)
         if head.returncode != 0:
             return None, None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                                capture_output=True, text=True, timeout=30, check=False)
+        status = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
         return None, None
     dirty = bool(status.stdout.strip()) if status.returncode == 0 else None

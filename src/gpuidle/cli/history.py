@@ -13,7 +13,15 @@ from rich.table import Table
 
 from gpuidle import api, ledger
 from gpuidle.analysis import compare as comparison
-from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int, use_color
+from gpuidle.cli.common import (
+    Parser,
+    add_ledger_option,
+    emit,
+    positive_float,
+    positive_int,
+    refuse_overwriting_inputs,
+    use_color,
+)
 from gpuidle.report import html
 from gpuidle.report.common import RenderOptions, ms, pct
 from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for
@@ -102,6 +110,7 @@ def run_history(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    refuse_overwriting_inputs([args.before, args.after], {"--out": args.out, "--html": args.html})
     path = Path(args.ledger).expanduser() if args.ledger else None
     comparison, before, after = api.compare_runs(args.before, args.after, ledger_path=path,
                                                  price_per_gpu_hour=args.price, steps=args.steps)

@@ -22,6 +22,7 @@ from gpuidle.cli.common import (
     positive_float,
     positive_int,
     record_run,
+    refuse_overwriting_inputs,
     use_color,
     warn,
 )
@@ -174,6 +175,7 @@ def _render(report: UtilizationReport, args: argparse.Namespace, out: str | None
 
 def summarize_command(args: argparse.Namespace) -> int:
     fields = [f for f in args.fields.split(",") if f.strip()] if args.fields else None
+    refuse_overwriting_inputs([args.path], {"--out": args.out})
     report = api.summarize_log(args.path, fields, args.interval, args.devices, args.steps_per_s)
     _render(report, args, args.out)
     _record(args, "summarize", report, [args.path])
