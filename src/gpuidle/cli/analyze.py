@@ -121,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
     if pages or args.annotate:
         timeline = api.timeline_for(report)
         if timeline.note:
-            print(f"gpuidle: timeline of {timeline.path}: {timeline.note}", file=sys.stderr)
+            from gpuidle.report.text import printable
+
+            print(printable(f"gpuidle: timeline of {timeline.path}: {timeline.note}"), file=sys.stderr)
         if pages:
             from gpuidle.report import html
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from gpuidle.errors import GpuidleError
+from gpuidle.report.text import printable
 
 if TYPE_CHECKING:
     from gpuidle.ledger import Facts
@@ -97,7 +98,8 @@ def refuse_conflicting_formats(args: argparse.Namespace) -> str | None:
 
 
 def warn(message: str) -> None:
-    print(f"gpuidle: warning: {message}", file=sys.stderr)
+    """One line on stderr; names from the inputs in it are shown escaped (see :mod:`gpuidle.report.text`)."""
+    print(f"gpuidle: warning: {printable(message)}", file=sys.stderr)
 
 
 def emit(text: str, out: str | None) -> None:

@@ -25,6 +25,7 @@ from gpuidle.cli.common import (
 from gpuidle.report import html
 from gpuidle.report.common import RenderOptions, ms, pct
 from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for
+from gpuidle.report.text import printable
 
 
 def register(sub: argparse._SubParsersAction[Parser]) -> None:
@@ -102,7 +103,7 @@ def run_history(args: argparse.Namespace) -> int:
         count = _gpus(r)
         gpus = f"{count or '?'} × {r.gpu_model}" if r.gpu_model else count
         commit = (r.git_commit[:10] + ("*" if r.git_dirty else "")) if r.git_commit else ""
-        t.add_row(str(r.id), _when(r.created), r.kind, r.label or "", gpus,
+        t.add_row(str(r.id), _when(r.created), printable(r.kind), printable(r.label or ""), printable(gpus),
                   "" if r.utilization is None else pct(r.utilization), "" if r.step_s is None else ms(r.step_s),
                   commit, str(len(r.inputs)))
     console.print(t)

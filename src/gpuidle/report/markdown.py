@@ -11,6 +11,7 @@ from gpuidle.report.common import (
     gain_text,
     ms,
     pct,
+    printable_report,
     shown_recommendations,
     step_rows,
 )
@@ -27,6 +28,7 @@ class MarkdownRenderer:
     extensions: tuple[str, ...] = (".md",)
 
     def render(self, report: AnalysisReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
+        report = printable_report(report)
         lines = [f"## gpuidle: {len(report.ranks)} rank(s), {report.source.format}", ""]
         shown = [report.ranks[0]] if report.job is None else [min(report.ranks, key=lambda r: r.primary().utilization)]
         if report.job is not None:
