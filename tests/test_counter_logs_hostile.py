@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -26,11 +27,11 @@ def csv(path: Path, rows: list[tuple[str, str, str, str]]) -> Path:
     return path
 
 
-def summarize_json(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+def summarize_json(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     assert main(["summarize", str(path), "--json", "--no-ledger"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
-    report: dict[str, object] = json.loads(out)
+    report: dict[str, Any] = json.loads(out)
     return report
 
 
@@ -44,7 +45,7 @@ def test_clock_event_mask_beyond_64_bits_is_not_available(tmp_path: Path,
     assert np.isnan(d.col("throttle_reasons")[0])
     assert d.col("throttle_reasons")[1:].tolist() == [4.0, float(0xFFFFFFFF)]  # a 64-bit mask: its low bits
     report = summarize_json(p, capsys)  # no numpy warning on stderr for the all-bits mask either
-    dev = report["devices"][0]  # type: ignore[index]
+    dev = report["devices"][0]
     assert dev["mean_util_pct"] == pytest.approx((90 + 95 + 97) / 3)
     # the busy samples with a known mask: 0x4 and all bits; sw_power_cap (0x4) in both
     assert dev["throttle_share"]["sw_power_cap"] == 1.0
@@ -133,13 +134,13 @@ def test_impossible_utilization_is_not_averaged(tmp_path: Path, capsys: pytest.C
     util = ["70", "-5", "80", "250", "90", "100.00005"]
     p = csv(tmp_path / "range.csv", [(f"0{i}.000", "0", u, "0x0") for i, u in enumerate(util)])
     report = summarize_json(p, capsys)
-    dev = report["devices"][0]  # type: ignore[index]
+    dev = report["devices"][0]
     assert dev["samples"] == 4
     assert dev["mean_util_pct"] == pytest.approx((70 + 80 + 90 + 100) / 4)
     assert dev["median_util_pct"] == pytest.approx((80 + 90) / 2)
     notes = report["notes"]
     assert "device 0: 2 utilization.gpu value(s) outside 0–100 % (-5, 250) treated as not available" in notes
-    assert report["window"]["start_s"] == 0.0  # type: ignore[index]
+    assert report["window"]["start_s"] == 0.0
 
 
 def test_impossible_values_of_other_columns(tmp_path: Path) -> None:

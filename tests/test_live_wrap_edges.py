@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,9 @@ def _not_a_program(tmp_path: Path) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("make", [_not_executable, _a_folder, _not_a_program])
-def test_a_command_found_but_not_executable_exits_126(tmp_path: Path, make: object) -> None:
-    command, why = make(tmp_path)  # type: ignore[operator]
+def test_a_command_found_but_not_executable_exits_126(tmp_path: Path,
+                                                      make: Callable[[Path], tuple[str, str]]) -> None:
+    command, why = make(tmp_path)
     shell = subprocess.run(["sh", "-c", '"$0"', command], capture_output=True)
     proc = gpuidle_run(tmp_path, command)
     assert proc.returncode == 126
@@ -80,7 +82,8 @@ def test_zombies_are_not_counted_as_still_running(tmp_path: Path) -> None:
     try:
         assert code == 0
         notes = r.end()["notes"]
-        assert f"1 process(es) of the command were still running at its exit: [{living}]" in notes  # type: ignore[operator]
+        assert isinstance(notes, list)
+        assert f"1 process(es) of the command were still running at its exit: [{living}]" in notes
         assert zombie != living
     finally:
         os.kill(living, signal.SIGKILL)
