@@ -511,10 +511,10 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
                                "give a report written by gpuidle analyze --json, a run id or a label") from None
         return report, comparison.RunInfo(ref=str(p))
     path = Path(ledger_path).expanduser() if ledger_path is not None else ledger.default_path()
-    if not path.exists():
+    if not ledger.exists(path):
         raise GpuidleError(f"{ref!r} is neither a report file nor a recorded run (no ledger at {path} yet)",
                            "gpuidle analyze records runs; gpuidle history lists them")
-    with ledger.Ledger(path) as book:
+    with ledger.Ledger.for_reading(path) as book:
         run = book.find(ref)
     return run.analysis(), comparison.RunInfo(ref=f"run {run.id}", label=run.label, batch_size=run.batch_size,
                                               gpu_model=run.gpu_model)
