@@ -37,7 +37,7 @@ from gpuidle.model import (
     StepSeries,
     UtilizationReport,
 )
-from gpuidle.sources import kineto, tracker
+from gpuidle.sources import inputs, kineto, tracker
 from gpuidle.sources.jsonstream import TraceStream
 
 if TYPE_CHECKING:
@@ -54,17 +54,16 @@ Progress = Callable[[str, int, int], None]
 
 
 def find_trace_files(path: str | Path) -> list[str]:
-    """One file, or the trace files (``*.json``, ``*.json.gz``) directly inside a folder."""
-    p = Path(path)
-    if not p.exists():
-        raise InputNotFound(f"{p}: no such file or folder")
-    if p.is_file():
-        return [str(p)]
-    files = sorted(str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
-    if not files:
-        raise InputNotFound(f"{p}: no trace files (*.json, *.json.gz) in this folder",
-                            "point at the folder torch.profiler.tensorboard_trace_handler wrote")
-    return files
+    """One file, or the trace files (``*.json``, ``*.json.gz``) directly inside a folder.
+
+    ``path`` may be an fsspec URL (``s3://bucket/job/traces/``): a prefix is listed like a folder.
+    """
+    return inputs.list_files(path, TRACE_SUFFIXES, "trace files (*.json, *.json.gz)")
+
+
+def input_size(path: str | Path) -> int:
+    """Bytes in a local file or a remote object (0 when a server does not say)."""
+    return inputs.size(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +103,7 @@ def analyze(
     be read is skipped with a warning when others remain; alone, it raises. A folder the
     in-process tracker wrote (``gpuidle.torch.StepTracker``) is read as such.
     """
-    if any(tracker.is_tracker_path(p) for p in paths):
+    if any(not inputs.is_url(p) and tracker.is_tracker_path(p) for p in paths):
         return analyze_tracker(paths, warn, include_warmup)
     files = [f for p in paths for f in find_trace_files(p)]
     outcomes = _run(files, workers, progress)
@@ -338,13 +337,13 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     The input is streamed, never loaded whole, and never written; ``out`` ending in
     ``.gz`` is gzip-compressed. Returns the timeline written.
     """
-    src, dst = Path(path), Path(out)
-    if dst.exists() and src.exists() and dst.samefile(src):
+    src, dst = str(path), Path(out)
+    if not inputs.is_url(src) and dst.exists() and Path(src).exists() and dst.samefile(src):
         raise GpuidleError(f"{dst}: the annotated trace would overwrite its input", "give another output path")
     from gpuidle.report import annotate
 
     tl = timeline if timeline is not None else idle_timeline(src)
-    stream = TraceStream(str(src), _raw_events.decode)
+    stream = TraceStream(src, _raw_events.decode)
     annotate.write_annotated(dst, stream, stream.header, tl)
     return tl
 
@@ -363,6 +362,25 @@ def analysis_inputs(report: AnalysisReport) -> list[str]:
         except GpuidleError:
             files.append(p)
     return files
+
+
+def describe_inputs(paths: Sequence[str | Path]) -> list[ledger.InputFile]:
+    """What the ledger keeps of each input: a local file's path, size and SHA-256; a URL's address
+    (credentials removed), size and ETag, from its metadata (the object is not read again)."""
+    from gpuidle import ledger
+
+    described: list[ledger.InputFile] = []
+    for p in paths:
+        if not inputs.is_url(p):
+            described.append(ledger.describe_input(p))
+            continue
+        try:
+            remote = inputs.describe(str(p))
+        except GpuidleError:
+            described.append(ledger.InputFile(inputs.display(str(p)), None, None))
+            continue
+        described.append(ledger.InputFile(remote.url, remote.size, None, remote.etag))
+    return described
 
 
 def analysis_facts(report: AnalysisReport) -> ledger.Facts:
@@ -403,8 +421,8 @@ def record_analysis(
 
     facts = analysis_facts(report)
     facts.update(ledger.Facts(notes=notes, batch_size=batch_size))
-    return ledger.record(kind, msgspec.json.encode(report), label, analysis_inputs(report), path=ledger_path,
-                         **facts)
+    return ledger.record(kind, msgspec.json.encode(report), label, describe_inputs(analysis_inputs(report)),
+                         path=ledger_path, **facts)
 
 
 def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisReport, comparison.RunInfo]:
@@ -413,18 +431,18 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
     from gpuidle.analysis import compare as comparison
     from gpuidle.report.jsonout import load_report
 
-    p = Path(ref)
-    if p.is_file():
+    if inputs.is_url(ref) or Path(ref).is_file():
+        shown = inputs.display(ref) if inputs.is_url(ref) else ref
         try:
-            report = load_report(p.read_bytes())
+            report = load_report(inputs.read_bytes(ref))
         except (msgspec.DecodeError, OSError) as err:
-            if _looks_like_trace(p):
-                raise GpuidleError(f"{p} is a profiler trace, not an analysis",
-                                   f"run gpuidle analyze {p} first (it records the run), then compare "
+            if _looks_like_trace(ref):
+                raise GpuidleError(f"{shown} is a profiler trace, not an analysis",
+                                   f"run gpuidle analyze {shown} first (it records the run), then compare "
                                    "run ids or labels, or reports written by gpuidle analyze --json") from None
-            raise GpuidleError(f"{p}: not a gpuidle JSON report ({err})",
+            raise GpuidleError(f"{shown}: not a gpuidle JSON report ({err})",
                                "give a report written by gpuidle analyze --json, a run id or a label") from None
-        return report, comparison.RunInfo(ref=str(p))
+        return report, comparison.RunInfo(ref=shown)
     path = Path(ledger_path).expanduser() if ledger_path is not None else ledger.default_path()
     if not path.exists():
         raise GpuidleError(f"{ref!r} is neither a report file nor a recorded run (no ledger at {path} yet)",
@@ -435,17 +453,17 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
                                               gpu_model=run.gpu_model)
 
 
-def _looks_like_trace(path: Path) -> bool:
+def _looks_like_trace(path: str) -> bool:
     """Whether the file starts like a profiler trace (plain or gzip JSON with ``traceEvents``)."""
     import gzip
 
     try:
-        with open(path, "rb") as f:
+        with inputs.open_input(path) as f:
             head = f.read(2)
             f.seek(0)
             raw = gzip.GzipFile(fileobj=f) if head == b"\x1f\x8b" else f
             start = raw.read(1 << 16)
-    except (OSError, EOFError):
+    except (OSError, EOFError, GpuidleError):
         return False
     return b'"traceEvents"' in start or b'"ph"' in start
 

@@ -8,13 +8,15 @@ chunk is decoded by the caller's typed decoder. A cut that fell inside an event
 chunk is grown to the next cut and decoded again: the cuts are cheap guesses that
 are always verified by the decoder.
 
+The file is opened by :func:`~gpuidle.sources.inputs.open_input`: a local path or a URL,
+read the same way, block by block.
+
 The keys around the array (``distributedInfo``, ``deviceProperties``, ...) may come
 before or after it; both parts are returned as one header dict.
 """
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, Generic, TypeVar
@@ -22,6 +24,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 import msgspec
 
 from gpuidle.errors import CorruptInput, NotATrace
+from gpuidle.sources.inputs import open_input, opened_size
 
 T = TypeVar("T")
 
@@ -58,7 +61,7 @@ class TraceStream(Generic[T]):
         self.header: dict[str, Any] = {}
         self._decode = decode
         self._progress = progress
-        self._size = os.path.getsize(path)
+        self._size = 0
 
     # -- raw bytes ---------------------------------------------------------------
     def _raw(self, f: BinaryIO) -> Iterator[bytes]:
@@ -104,7 +107,8 @@ class TraceStream(Generic[T]):
 
     # -- events --------------------------------------------------------------------
     def __iter__(self) -> Iterator[T]:
-        with open(self.path, "rb") as f:
+        with open_input(self.path) as f:
+            self._size = opened_size(f)
             blocks = self._blocks(f)
             buf = bytearray()
             for block in blocks:
