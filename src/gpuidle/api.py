@@ -455,15 +455,14 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
 
 def _looks_like_trace(path: str) -> bool:
     """Whether the file starts like a profiler trace (plain or gzip JSON with ``traceEvents``)."""
-    import gzip
+    import zlib
 
     try:
         with inputs.open_input(path) as f:
-            head = f.read(2)
-            f.seek(0)
-            raw = gzip.GzipFile(fileobj=f) if head == b"\x1f\x8b" else f
-            start = raw.read(1 << 16)
-    except (OSError, EOFError, GpuidleError):
+            start = f.read(1 << 16)
+        if start[:2] == b"\x1f\x8b":
+            start = zlib.decompressobj(wbits=31).decompress(start, 1 << 16)
+    except (zlib.error, GpuidleError):
         return False
     return b'"traceEvents"' in start or b'"ph"' in start
 

@@ -2,8 +2,8 @@
 
 Every reader opens its input here, so a trace in object storage goes through the same
 chunked reader as a local file: the remote file is read in order, each read fetching at
-most :data:`READ_AHEAD` bytes beyond what the reader asked for, and nothing is written
-to disk. Credentials are each filesystem's own (environment variables, config files,
+most :data:`READ_AHEAD` bytes beyond what the reader asked for (over HTTP, one streamed
+response), and nothing is written to disk. Credentials are each filesystem's own (environment variables, config files,
 instance roles); gpuidle never sees, prints or stores them, and only ever reads.
 
 fsspec and the filesystem packages are imported on the first URL, so local analyses
@@ -74,7 +74,10 @@ class RemoteFile:
 
 @contextmanager
 def open_input(path: str | Path) -> Iterator[BinaryIO]:
-    """Open a local file or a URL for reading, in binary; remote reads are buffered by :data:`READ_AHEAD`."""
+    """Open a local file or a URL for reading, in binary; remote reads are buffered by :data:`READ_AHEAD`.
+
+    A remote file is read front to back: an HTTP one cannot seek.
+    """
     if not is_url(path):
         try:
             f = open(path, "rb")  # noqa: SIM115 - closed by the with below
@@ -85,8 +88,11 @@ def open_input(path: str | Path) -> Iterator[BinaryIO]:
         return
     url = str(path)
     fs, where = _filesystem(url)
+    # HTTP: one streamed response (any server; no range requests). Object stores: ranged reads.
+    streamed = _protocol(url) in ("http", "https")
+    options: dict[str, Any] = {"block_size": 0} if streamed else {"block_size": READ_AHEAD, "cache_type": "readahead"}
     with _remote_errors(url):
-        remote = fs.open(where, "rb", block_size=READ_AHEAD, cache_type="readahead")
+        remote = fs.open(where, "rb", **options)
     try:
         with _remote_errors(url, reading=True):
             yield remote
@@ -142,7 +148,7 @@ def list_files(path: str | Path, suffixes: tuple[str, ...], what: str) -> list[s
         found = sorted(str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(suffixes))
     else:
         url = str(path)
-        if not _is_folder(url):
+        if not is_folder(url):
             return [url]
         fs, where = _filesystem(url)
         with _remote_errors(url):
@@ -155,7 +161,7 @@ def list_files(path: str | Path, suffixes: tuple[str, ...], what: str) -> list[s
     return found
 
 
-def _is_folder(url: str) -> bool:
+def is_folder(url: str) -> bool:
     """A prefix to list. Over HTTP only a URL ending in ``/`` is (asking the server would fetch the file)."""
     if _protocol(url) in ("http", "https"):
         return url.endswith("/")
@@ -223,20 +229,28 @@ def _translate(url: str, err: Exception) -> GpuidleError:
     shown, proto = display(url), _protocol(url)
     creds = _CREDENTIALS.get(_SAME_CREDENTIALS.get(proto, proto), "check the filesystem's credentials")
     name = type(err).__name__
+    cause = err.__cause__ or err.__context__
     status = getattr(err, "status", None) or getattr(err, "code", None)
     detail = _one_line(err).replace(url, shown)
+    said = f" ({detail})" if detail not in (shown, url, url.split("://", 1)[-1]) else ""
     if "NoCredentials" in name or "DefaultCredentials" in name or "CredentialRetrieval" in name:
         return RemoteInputError(f"{shown}: no credentials found for {proto}://", creds)
-    if isinstance(err, FileNotFoundError) or status == 404:
-        what = "no such bucket" if "bucket" in detail.lower() else "no such object or bucket"
-        return InputNotFound(f"{shown}: {what} ({detail})", "check the URL")
-    if isinstance(err, PermissionError) or status in (401, 403):
-        return RemoteInputError(f"{shown}: access denied ({detail})",
-                                f"the credentials in use may not read it: {creds}")
-    if "Connect" in name or "Timeout" in name or isinstance(err, ConnectionError | TimeoutError):
-        return RemoteInputError(f"{shown}: cannot reach the server ({detail})",
+    if _unreachable(err) or (cause is not None and _unreachable(cause)):
+        reason = _one_line(cause if cause is not None and _unreachable(cause) else err).replace(url, shown)
+        return RemoteInputError(f"{shown}: cannot reach the server ({reason})",
                                 "check the network and the endpoint (AWS_ENDPOINT_URL_S3 for S3-compatible stores)")
+    if isinstance(err, FileNotFoundError) or status == 404:
+        what = "no such bucket" if "bucket" in detail.lower() else "no such object"
+        return InputNotFound(f"{shown}: {what}{said}", "check the URL")
+    if isinstance(err, PermissionError) or status in (401, 403):
+        return RemoteInputError(f"{shown}: access denied{said}", f"the credentials in use may not read it: {creds}")
     return RemoteInputError(f"{shown}: cannot read ({name}: {detail})")
+
+
+def _unreachable(err: BaseException) -> bool:
+    """A failure to connect (refused, no route, DNS, time-out), from the OS or a remote library."""
+    name = type(err).__name__
+    return "Connect" in name or "Timeout" in name or isinstance(err, ConnectionError | TimeoutError)
 
 
 def _one_line(err: BaseException) -> str:

@@ -45,7 +45,7 @@ from gpuidle.model import (
     util_series_from_records,
 )
 from gpuidle.sources import dcgm, prometheus
-from gpuidle.sources.inputs import is_url, read_bytes
+from gpuidle.sources.inputs import display, is_folder, is_url, read_bytes
 
 FORMAT_CSV = "nvidia-smi-csv"
 FORMAT_DMON = "nvidia-smi-dmon"
@@ -97,8 +97,8 @@ def read(path: str | Path, fields: Sequence[str] | None = None, interval_s: floa
     p = path if is_url(path) else Path(path)
     if isinstance(p, Path) and not p.exists():
         raise InputNotFound(f"{p}: no such file")
-    if isinstance(p, Path) and p.is_dir():
-        raise InputNotFound(f"{p} is a folder", "give one log file")
+    if p.is_dir() if isinstance(p, Path) else is_folder(p):
+        raise InputNotFound(f"{display(p) if isinstance(p, str) else p} is a folder", "give one log file")
     with _open_text(p) as f:
         first = _first_line(f)
         f.seek(0)
