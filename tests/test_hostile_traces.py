@@ -25,7 +25,7 @@ from conftest import DATA
 from gpuidle import api
 from gpuidle.cli import main
 from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound
-from gpuidle.sources import jsonstream, kineto, kineto_events
+from gpuidle.sources import inputs, jsonstream, kineto, kineto_events
 from minitrace import Trace
 
 KERNEL_START, KERNEL_DUR = 20.0, 30.0
@@ -424,7 +424,7 @@ def refuse_to_open(path: str, *args: Any, **kwargs: Any) -> Any:
 def test_unreadable_file_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     """What the unprivileged run checks, wherever no unprivileged user can run this interpreter."""
-    monkeypatch.setattr(jsonstream, "open", refuse_to_open, raising=False)
+    monkeypatch.setattr(inputs, "open", refuse_to_open, raising=False)
     code, _out, err = cli(capsys, str(write(tmp_path / "t.json", base())))
     assert_one_line_error(code, err, "t.json: cannot read (Permission denied)")
 
@@ -443,7 +443,7 @@ def test_unreadable_folder_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_unreadable_rank_file_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers are forked, so the refusing ``open`` is theirs too."""
     two_ranks(tmp_path)
-    monkeypatch.setattr(jsonstream, "open", refuse_to_open, raising=False)
+    monkeypatch.setattr(inputs, "open", refuse_to_open, raising=False)
     warned: list[str] = []
     report = api.analyze([tmp_path], workers=2, warn=warned.append)
     assert [r.rank for r in report.ranks] == [0]

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from gpuidle.model import (
     Timeline,
     UtilizationReport,
 )
-from gpuidle.sources import kineto, nsys_db, tracker
+from gpuidle.sources import inputs, kineto, nsys_db, tracker
 from gpuidle.sources.jsonstream import TraceStream
 
 if TYPE_CHECKING:
@@ -60,30 +59,28 @@ def find_trace_files(path: str | Path) -> list[str]:
     """One file, or the trace files (``*.json``, ``*.json.gz``, Nsight ``*.sqlite``/``*.nsys-rep``) directly
     inside a folder.
 
-    A path that is neither a regular file nor a folder (a FIFO, a device), or that cannot be
+    ``path`` may be an fsspec URL (``s3://bucket/job/traces/``): a prefix is listed like a folder. A
+    local path that is neither a regular file nor a folder (a FIFO, a device), or that cannot be
     read, is a one-line error; inside a folder only regular files are taken.
     """
-    p = Path(path)
-    try:
-        mode = p.stat().st_mode
-        if stat.S_ISREG(mode):
-            return [str(p)]
-        if not stat.S_ISDIR(mode):
-            raise InputNotFound(f"{p}: not a regular file or folder",
-                                "give a trace file (.json, .json.gz, Nsight .sqlite/.nsys-rep) or a folder of them")
-        files = sorted(str(f) for f in p.iterdir() if f.name.endswith(TRACE_SUFFIXES) and _is_regular(f))
-    except FileNotFoundError:
-        raise InputNotFound(f"{p}: no such file or folder") from None
-    except OSError as err:
-        raise InputNotFound(f"{p}: cannot read ({err.strerror})") from None
-    if not files:
-        raise InputNotFound(f"{p}: no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep) in this folder",
-                            "point at the folder torch.profiler.tensorboard_trace_handler wrote")
-    return files
+    return inputs.list_files(path, TRACE_SUFFIXES, "trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep)")
+
+
+def input_size(path: str | Path) -> int:
+    """Bytes in a local file or a remote object (0 when a server does not say)."""
+    return inputs.size(path)
 
 
 def is_nsys(path: str | Path) -> bool:
-    """An Nsight Systems export (SQLite, told by its magic header) or report (``.nsys-rep``)."""
+    """An Nsight Systems export (SQLite, told by its magic header) or report (``.nsys-rep``).
+
+    SQLite reads a local file only: an export in object storage is refused with the command to fetch it.
+    """
+    if inputs.is_url(path):
+        if str(path).endswith((*nsys_db.REPORT_SUFFIXES, ".sqlite")):
+            raise InputNotFound(f"{inputs.display(str(path))}: an Nsight export is read from a local file",
+                                "copy it first (e.g. aws s3 cp URL report.sqlite), then gpuidle analyze report.sqlite")
+        return False
     return nsys_db.is_report(path) or nsys_db.is_sqlite(path)
 
 
@@ -98,12 +95,6 @@ def read_timelines(path: str, progress: Callable[[int, int], None] | None = None
         return nsys.read(path)
     return [kineto.read(path, progress)]
 
-
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        return True  # listed but unreadable: reading it says why, and the folder goes on without it
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +138,7 @@ def analyze(
     be read is skipped with a warning when others remain; alone, it raises. A folder the
     in-process tracker wrote (``gpuidle.torch.StepTracker``) is read as such.
     """
-    if any(tracker.is_tracker_path(p) for p in paths):
+    if any(not inputs.is_url(p) and tracker.is_tracker_path(p) for p in paths):
         return analyze_tracker(paths, warn, include_warmup)
     files = [f for p in paths for f in find_trace_files(p)]
     outcomes = _run(files, workers, progress)
@@ -417,8 +408,8 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     ``.gz`` is gzip-compressed. An Nsight export becomes a Chrome trace of its timeline
     (the rank of ``timeline``). Returns the timeline written.
     """
-    src, dst = Path(path), Path(out)
-    if dst.exists() and src.exists() and dst.samefile(src):
+    src, dst = str(path), Path(out)
+    if not inputs.is_url(src) and dst.exists() and Path(src).exists() and dst.samefile(src):
         raise GpuidleError(f"{dst}: the annotated trace would overwrite its input", "give another output path")
     from gpuidle.report import annotate
 
@@ -426,10 +417,10 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     if is_nsys(src):  # not a Chrome trace: its timeline is converted to one
         from gpuidle.report import chrome
 
-        source = _rank_timeline(str(src), tl.rank)
+        source = _rank_timeline(src, tl.rank)
         annotate.write_annotated(dst, chrome.timeline_events(source), {"displayTimeUnit": "ns"}, tl)
         return tl
-    stream = TraceStream(str(src), _raw_events.decode)
+    stream = TraceStream(src, _raw_events.decode)
     annotate.write_annotated(dst, stream, stream.header, tl)
     return tl
 
@@ -448,6 +439,25 @@ def analysis_inputs(report: AnalysisReport) -> list[str]:
         except GpuidleError:
             files.append(p)
     return files
+
+
+def describe_inputs(paths: Sequence[str | Path]) -> list[ledger.InputFile]:
+    """What the ledger keeps of each input: a local file's path, size and SHA-256; a URL's address
+    (credentials removed), size and ETag, from its metadata (the object is not read again)."""
+    from gpuidle import ledger
+
+    described: list[ledger.InputFile] = []
+    for p in paths:
+        if not inputs.is_url(p):
+            described.append(ledger.describe_input(p))
+            continue
+        try:
+            remote = inputs.describe(str(p))
+        except GpuidleError:
+            described.append(ledger.InputFile(inputs.display(str(p)), None, None))
+            continue
+        described.append(ledger.InputFile(remote.url, remote.size, None, remote.etag))
+    return described
 
 
 def analysis_facts(report: AnalysisReport) -> ledger.Facts:
@@ -488,8 +498,8 @@ def record_analysis(
 
     facts = analysis_facts(report)
     facts.update(ledger.Facts(notes=notes, batch_size=batch_size))
-    return ledger.record(kind, msgspec.json.encode(report), label, analysis_inputs(report), path=ledger_path,
-                         **facts)
+    return ledger.record(kind, msgspec.json.encode(report), label, describe_inputs(analysis_inputs(report)),
+                         path=ledger_path, **facts)
 
 
 def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisReport, comparison.RunInfo]:
@@ -498,18 +508,18 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
     from gpuidle.analysis import compare as comparison
     from gpuidle.report.jsonout import load_report
 
-    p = Path(ref)
-    if p.is_file():
+    if inputs.is_url(ref) or Path(ref).is_file():
+        shown = inputs.display(ref) if inputs.is_url(ref) else ref
         try:
-            report = load_report(p.read_bytes())
+            report = load_report(inputs.read_bytes(ref))
         except (msgspec.DecodeError, OSError) as err:
-            if _looks_like_trace(p):
-                raise GpuidleError(f"{p} is a profiler trace, not an analysis",
-                                   f"run gpuidle analyze {p} first (it records the run), then compare "
+            if _looks_like_trace(ref):
+                raise GpuidleError(f"{shown} is a profiler trace, not an analysis",
+                                   f"run gpuidle analyze {shown} first (it records the run), then compare "
                                    "run ids or labels, or reports written by gpuidle analyze --json") from None
-            raise GpuidleError(f"{p}: not a gpuidle JSON report ({err})",
+            raise GpuidleError(f"{shown}: not a gpuidle JSON report ({err})",
                                "give a report written by gpuidle analyze --json, a run id or a label") from None
-        return report, comparison.RunInfo(ref=str(p))
+        return report, comparison.RunInfo(ref=shown)
     path = Path(ledger_path).expanduser() if ledger_path is not None else ledger.default_path()
     if not ledger.exists(path):
         raise GpuidleError(f"{ref!r} is neither a report file nor a recorded run (no ledger at {path} yet)",
@@ -520,17 +530,16 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
                                               gpu_model=run.gpu_model)
 
 
-def _looks_like_trace(path: Path) -> bool:
+def _looks_like_trace(path: str) -> bool:
     """Whether the file starts like a profiler trace (plain or gzip JSON with ``traceEvents``)."""
-    import gzip
+    import zlib
 
     try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-            f.seek(0)
-            raw = gzip.GzipFile(fileobj=f) if head == b"\x1f\x8b" else f
-            start = raw.read(1 << 16)
-    except (OSError, EOFError):
+        with inputs.open_input(path) as f:
+            start = f.read(1 << 16)
+        if start[:2] == b"\x1f\x8b":
+            start = zlib.decompressobj(wbits=31).decompress(start, 1 << 16)
+    except (zlib.error, GpuidleError):
         return False
     return b'"traceEvents"' in start or b'"ph"' in start
 

@@ -31,3 +31,8 @@ class NotATrace(GpuidleError):
 
 class NoGpuActivity(GpuidleError):
     """A real trace without any GPU kernel, copy or set: nothing to analyse."""
+
+
+class RemoteInputError(GpuidleError):
+    """A URL cannot be read: unknown scheme, filesystem package missing, no credentials, access denied,
+    server unreachable."""

@@ -4,7 +4,7 @@ The guide's last step is "after each change, re-measure; keep a log of changes a
 impact". The ledger is that log. Each record holds the report JSON as written, a label
 and notes, when and where it ran (host, GPU model and count, the git commit of the
 working directory and whether it had uncommitted changes), and the inputs it read with
-their size and SHA-256, so a later comparison knows exactly what was measured.
+their size and SHA-256 (a URL: its size and ETag), so a later comparison knows exactly what was measured.
 
 Where: ``--ledger PATH``, else ``$GPUIDLE_LEDGER``, else
 ``$XDG_DATA_HOME/gpuidle/ledger.sqlite`` (``~/.local/share/gpuidle/ledger.sqlite``).
@@ -91,6 +91,10 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE runs ADD COLUMN step_s REAL",
         "CREATE INDEX runs_label ON runs(label)",
     ],
+    # 3: remote inputs (URLs) are identified by their ETag or the store's content hash, not a SHA-256
+    [
+        "ALTER TABLE inputs ADD COLUMN etag TEXT",
+    ],
 ]
 """``MIGRATIONS[i]`` upgrades schema version ``i`` to ``i + 1``. Append only; never edit a shipped one."""
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -117,7 +121,9 @@ class InputFile:
     path: str
     size: int | None
     sha256: str | None
-    """None when the file could not be read when the run was recorded."""
+    """None when the file could not be read when the run was recorded, and for URLs."""
+    etag: str | None = None
+    """A URL's ETag (or its store's content hash), from its metadata; None for local files."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +338,7 @@ class Ledger:
         *,
         label: str | None = None,
         notes: str | None = None,
-        inputs: Sequence[str | Path] = (),
+        inputs: Sequence[str | Path | InputFile] = (),
         gpu_model: str | None = None,
         gpu_count: int | None = None,
         batch_size: int | None = None,
@@ -342,7 +348,7 @@ class Ledger:
     ) -> int:
         """Store one run and return its id. See :func:`record`."""
         report = report_json.decode() if isinstance(report_json, bytes) else report_json
-        files = [describe_input(p) for p in inputs]
+        files = [p if isinstance(p, InputFile) else describe_input(p) for p in inputs]
         commit, dirty = git_state(workdir)
         created = datetime.now(UTC).isoformat(timespec="milliseconds")
         with self._transaction() as db:
@@ -353,8 +359,8 @@ class Ledger:
                  commit, None if dirty is None else int(dirty), utilization, step_s),
             )
             run_id = int(cur.lastrowid or 0)
-            db.executemany("INSERT INTO inputs (run_id, path, size, sha256) VALUES (?, ?, ?, ?)",
-                           [(run_id, f.path, f.size, f.sha256) for f in files])
+            db.executemany("INSERT INTO inputs (run_id, path, size, sha256, etag) VALUES (?, ?, ?, ?, ?)",
+                           [(run_id, f.path, f.size, f.sha256, f.etag) for f in files])
         return run_id
 
     # -- reading -------------------------------------------------------------------
@@ -390,9 +396,10 @@ class Ledger:
     def _run(self, row: tuple[Any, ...]) -> Run:
         (rid, kind, created, label, notes, host, gpu_model, gpu_count, batch, commit, dirty, util, step_s,
          report) = row
-        inputs = [InputFile(str(p), s if isinstance(s, int) else None, h if isinstance(h, str) else None)
-                  for p, s, h in self._db.execute("SELECT path, size, sha256 FROM inputs WHERE run_id = ? "
-                                                  "ORDER BY rowid", (rid,))]
+        inputs = [InputFile(str(p), s if isinstance(s, int) else None, h if isinstance(h, str) else None,
+                            e if isinstance(e, str) else None)
+                  for p, s, h, e in self._db.execute("SELECT path, size, sha256, etag FROM inputs WHERE run_id = ? "
+                                                     "ORDER BY rowid", (rid,))]
         return Run(
             id=int(rid), kind=str(kind), created=str(created), label=_opt(label), notes=_opt(notes),
             host=_opt(host), gpu_model=_opt(gpu_model), gpu_count=gpu_count if isinstance(gpu_count, int) else None,
@@ -412,7 +419,7 @@ def record(
     kind: str,
     report_json: bytes | str,
     label: str | None = None,
-    inputs: Sequence[str | Path] = (),
+    inputs: Sequence[str | Path | InputFile] = (),
     *,
     notes: str | None = None,
     gpu_model: str | None = None,
@@ -426,7 +433,8 @@ def record(
 
     :param kind: the command that measured it, one of :data:`KINDS`.
     :param report_json: the report as its command prints it with ``--json``.
-    :param inputs: files read; each is stored with its size and SHA-256.
+    :param inputs: files read; each is stored with its size and SHA-256. An :class:`InputFile` is stored
+        as given (a URL, described by ``gpuidle.api.describe_inputs``).
     :raises LedgerError: the ledger cannot be opened or written. Callers that record
         as a side effect should turn this into a warning, not a failure.
     """

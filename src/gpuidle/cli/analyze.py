@@ -36,7 +36,9 @@ PROGRESS_MIN_BYTES = 50 << 20
 def register(sub: argparse._SubParsersAction[Parser]) -> None:
     an = sub.add_parser("analyze", help="explain where GPU time goes in PyTorch profiler traces",
                         description="Analyse one profiler trace (.json/.json.gz) or a folder of per-rank traces.")
-    an.add_argument("paths", nargs="+", metavar="PATH", help="a trace file, or a folder with one trace per rank")
+    an.add_argument("paths", nargs="+", metavar="PATH",
+                    help="a trace file, or a folder with one trace per rank; local, or a URL (s3://bucket/job/, "
+                         "gs://, https://, any fsspec protocol installed)")
     an.add_argument("--json", action="store_true", help="print the JSON report (same as --format json)")
     an.add_argument("--format", choices=sorted(REPORT_FORMATS),
                     help="output format (default: terminal, or from --out's extension)")
@@ -75,7 +77,7 @@ def _progress(paths: Sequence[str], enabled: bool) -> Iterator[api.Progress | No
     from gpuidle import api
 
     try:
-        size = sum(os.path.getsize(f) for p in paths for f in api.find_trace_files(p))
+        size = sum(api.input_size(f) for p in paths for f in api.find_trace_files(p))
     except GpuidleError:
         size = 0
     if size < PROGRESS_MIN_BYTES:

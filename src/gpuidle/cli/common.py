@@ -169,8 +169,13 @@ def record_run(
         return None
     from gpuidle import ledger
 
+    described: list[ledger.InputFile] = []
+    if inputs:
+        from gpuidle import api
+
+        described = api.describe_inputs(inputs)
     try:
-        run_id = ledger.record(kind, report_json, label, inputs, path=path, **facts)
+        run_id = ledger.record(kind, report_json, label, described, path=path, **facts)
     except GpuidleError as err:
         warn(f"the run was not recorded in the ledger: {err}")
         return None

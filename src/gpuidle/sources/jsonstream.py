@@ -13,22 +13,24 @@ fails as fast as it reads.
 Nothing grows without bound: an event, or a run of whitespace, longer than
 :data:`MAX_EVENT` is refused (a gzip bomb of spaces stops after that many bytes).
 
+The file is opened by :func:`~gpuidle.sources.inputs.open_input`: a local path or a URL,
+read the same way, block by block.
+
 The keys around the array (``distributedInfo``, ``deviceProperties``, ...) may come
 before or after it; both parts are returned as one header dict.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, Generic, TypeVar
 
 import msgspec
 
-from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound, NotATrace
+from gpuidle.errors import CorruptInput, GpuidleError, NotATrace
+from gpuidle.sources.inputs import is_url, open_input, opened_size, regular_size
 
 T = TypeVar("T")
 
@@ -66,18 +68,6 @@ def _ws_end(buf: bytearray, at: int) -> int:
 def _is_truncation(err: msgspec.DecodeError) -> bool:
     return "truncated" in str(err)
 
-
-def regular_size(path: str) -> int:
-    """The size of a regular file; anything else (a FIFO, a device, no permission) is a one-line error."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise InputNotFound(f"{path}: no such file or folder") from None
-    except OSError as err:
-        raise InputNotFound(f"{path}: cannot read ({err.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise InputNotFound(f"{path}: not a regular file", "give a trace file (.json, .json.gz) or a folder of them")
-    return st.st_size
 
 
 class _Cuts:
@@ -132,7 +122,7 @@ class TraceStream(Generic[T]):
         self.header: dict[str, Any] = {}
         self._decode = decode
         self._progress = progress
-        self._size = regular_size(path)
+        self._size = 0 if is_url(path) else regular_size(path)  # a FIFO or a device: refused before any read
 
     # -- raw bytes ---------------------------------------------------------------
     def _raw(self, f: BinaryIO) -> Iterator[bytes]:
@@ -184,11 +174,8 @@ class TraceStream(Generic[T]):
 
     # -- events --------------------------------------------------------------------
     def __iter__(self) -> Iterator[T]:
-        try:
-            f = open(self.path, "rb")  # noqa: SIM115 - closed below, also when the caller stops early
-        except OSError as err:
-            raise InputNotFound(f"{self.path}: cannot read ({err.strerror})") from None
-        with f:
+        with open_input(self.path) as f:
+            self._size = opened_size(f)
             blocks = self._blocks(f)
             buf = self._skip_header(blocks)
             offset = 0  # bytes of the event list already decoded and dropped

@@ -47,6 +47,7 @@ from gpuidle.model import (
     util_series_from_records,
 )
 from gpuidle.sources import dcgm, prometheus
+from gpuidle.sources.inputs import display, is_folder, is_url, read_bytes
 
 FORMAT_CSV = "nvidia-smi-csv"
 FORMAT_DMON = "nvidia-smi-dmon"
@@ -95,11 +96,11 @@ DMON_DEFAULT_INTERVAL_S = 1.0
 def read(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None) -> UtilSeries:
     """Any supported counter log. ``fields``: the ``--query-gpu`` list of a CSV without header;
     ``interval_s``: the ``-d`` of a dmon log without time columns."""
-    p = Path(path)
-    if not p.exists():
+    p = path if is_url(path) else Path(path)
+    if isinstance(p, Path) and not p.exists():
         raise InputNotFound(f"{p}: no such file")
-    if p.is_dir():
-        raise InputNotFound(f"{p} is a folder", "give one log file")
+    if p.is_dir() if isinstance(p, Path) else is_folder(p):
+        raise InputNotFound(f"{display(p) if isinstance(p, str) else p} is a folder", "give one log file")
     with _open_text(p) as f:
         first = _first_line(f)
         f.seek(0)
@@ -118,11 +119,8 @@ def read(path: str | Path, fields: Sequence[str] | None = None, interval_s: floa
         return read_csv(f, str(p), fields)
 
 
-def _open_text(p: Path) -> IO[str]:
-    try:
-        raw = p.read_bytes()
-    except OSError as err:
-        raise InputNotFound(f"{p}: {err.strerror}") from None
+def _open_text(p: str | Path) -> IO[str]:
+    raw = read_bytes(p)
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
