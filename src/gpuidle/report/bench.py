@@ -223,12 +223,14 @@ def render_storage(r: StorageResult, options: RenderOptions = DEFAULT_OPTIONS) -
                  f"{human_bytes(ls.total_bytes)}, median {human_bytes(ls.median_bytes)}, largest "
                  f"{human_bytes(ls.largest_bytes)}" + (" · page cache dropped" if r.drop_cache else ""), style="bold"))
     t = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("phase", "MB/s", "files/s", "IOPS", "block", "read", "files", "from cache"):
+    for col in ("phase", "MB/s", "files/s", "IOPS", "reads of", "mean read", "reads", "read", "files",
+                "from cache"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     for p in r.phases:
         t.add_row(p.name, _f(p.mb_per_s, ",.1f"), _f(p.files_per_s, ",.0f"), _f(p.iops, ",.0f"),
-                  "whole file" if p.block_bytes is None else human_bytes(p.block_bytes), human_bytes(p.bytes),
-                  f"{p.files:,}", "?" if p.cached_share is None else pct(p.cached_share, 0))
+                  "whole file" if p.block_bytes is None else human_bytes(p.block_bytes),
+                  human_bytes(p.mean_read_bytes), f"{p.reads:,}", human_bytes(p.bytes), f"{p.files:,}",
+                  "?" if p.cached_share is None else pct(p.cached_share, 0))
     c.print(t)
     _notes(c, r.advice, "bold yellow", "advice")
     _notes(c, r.notes)
