@@ -98,6 +98,7 @@ from .timeline import (
     Timeline,
     TraceMeta,
 )
+from .units import duration
 
 __all__ = [
     "CAUSES",
@@ -180,6 +181,7 @@ __all__ = [
     "UtilWindow",
     "UtilizationReport",
     "Window",
+    "duration",
     "util_series_from_records",
     "zero_causes",
 ]

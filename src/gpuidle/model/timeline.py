@@ -19,9 +19,10 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 2
+SCHEMA_MINOR = 3
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
-``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability)."""
+``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
+3: ``ranks[].backend``)."""
 
 
 class Cause(enum.StrEnum):

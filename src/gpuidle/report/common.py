@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuidle.model import Gain, RankReport, Recommendation
+from gpuidle.model import Gain, RankReport, Recommendation, duration
 
 TARGET_UTILIZATION = 0.9
 MANY_STEPS = 12
@@ -19,13 +19,8 @@ class RenderOptions:
     width: int = 110
 
 
-def ms(seconds: float) -> str:
-    v = seconds * 1e3
-    if abs(v) >= 100:
-        return f"{v:,.1f} ms"
-    if abs(v) >= 1:
-        return f"{v:.2f} ms"
-    return f"{v * 1e3:.1f} µs"
+ms = duration
+"""The one duration formatter (``1.52 ms``, ``812.4 µs``), shared with the probes' own reasons."""
 
 
 def pct(share: float, digits: int = 1) -> str:
