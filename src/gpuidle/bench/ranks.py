@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,9 +130,10 @@ def run_on_ranks(measure: Measure[C, R], config: C, *, nproc: int | None = None,
                  start_method: str | None = None) -> R | None:
     """Run ``measure`` on every rank; rank 0's result (None on the other ranks of a launcher).
 
-    ``nproc`` local ranks are spawned unless a launcher started this process. Spawned
-    CPU ranks are forked (no second torch import, well under a second); GPU ranks are
-    spawned, since CUDA does not survive a fork.
+    ``nproc`` local ranks are spawned unless a launcher started this process: fresh
+    interpreters, as torchrun starts its workers (a forked rank would inherit this
+    process's threads and memory, and CUDA does not survive a fork), at the cost of one
+    torch import per rank.
     """
     device_type, backend = resolve_device(device)
     if under_launcher():
@@ -185,7 +185,7 @@ def _spawn(measure: Measure[C, R], config: C, nproc: int, device_type: str, back
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException, start_processes
 
-    method = start_method or ("fork" if device_type == "cpu" and sys.platform == "linux" else "spawn")
+    method = start_method or "spawn"
     queue = mp.get_context(method).SimpleQueue()
     result: list[R] = []
     errors: list[str] = []
