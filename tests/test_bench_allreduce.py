@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,11 +17,13 @@ import torch.distributed as dist
 from gpuidle import api
 from gpuidle.analysis.comm import bus_factor
 from gpuidle.bench import allreduce as ar
+from gpuidle.bench import training
 from gpuidle.bench.ranks import RankContext, resolve_device, run_on_ranks
 from gpuidle.cli import main
 from gpuidle.errors import GpuidleError
-from gpuidle.model import CollectiveStat
+from gpuidle.model import CollectiveStat, duration
 from gpuidle.report.bench import render
+from gpuidle.report.common import ms
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"
 SMALL = ar.AllReduceConfig(max_bytes=4096, warmup=1, iters=2)
@@ -88,6 +92,70 @@ def test_bandwidths_follow_the_definitions(result: ar.AllReduceResult) -> None:
         assert s.latency_bytes == 1024
 
 
+def test_runs_median_and_spread(result: ar.AllReduceResult) -> None:
+    assert result.runs == SMALL.runs
+    for r in result.rows:
+        runs = r.runs_us
+        first = runs[:SMALL.runs]
+        # as many runs again exactly when the first ones disagree
+        again = np.percentile(first, 90) / min(first) > ar.DISAGREE
+        assert len(runs) == (2 if again else 1) * SMALL.runs
+        assert r.time_us == pytest.approx(float(np.median(runs)))
+        assert r.time_min_us == pytest.approx(min(runs))
+        assert r.time_p90_us == pytest.approx(float(np.percentile(runs, 90)))
+    for x in result.summaries:
+        pooled = [t for r in result.rows if r.op == x.op and r.bytes <= 1024 for t in r.runs_us]
+        assert x.latency_min_us == pytest.approx(min(pooled))
+        assert x.latency_p90_us == pytest.approx(float(np.percentile(pooled, 90)))
+        unsteady = any(n.startswith(f"{x.op} small-message latency varies") for n in result.notes)
+        assert unsteady == (float(np.percentile(pooled, 90)) / min(pooled) > 2.0)
+
+
+def test_standalone_ranks_get_torchruns_thread_count(result: ar.AllReduceResult) -> None:
+    assert result.threads_per_rank == int(os.environ.get("OMP_NUM_THREADS", "1"))
+
+
+def _scripted(times: list[float]) -> object:
+    it = iter(times)
+
+    def timed_run(ctx: RankContext, run: object, iters: int) -> float:
+        return next(it)
+
+    return timed_run
+
+
+def test_runs_that_disagree_are_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    # forked ranks inherit the scripted timer: both see the same times, as after the real agree()
+    steady = [1e-3, 1.1e-3, 1.05e-3, 0.98e-3, 1.02e-3]
+    bimodal = [40e-6, 35e-6, 1.5e-3, 38e-6, 1.6e-3]
+    then = [36e-6, 37e-6, 1.4e-3, 39e-6, 41e-6]
+    monkeypatch.setattr(ar, "_timed_run", _scripted(steady + bimodal + then))
+    cfg = ar.AllReduceConfig(ops=("all_reduce",), min_bytes=8, max_bytes=16, warmup=1, iters=1, runs=5)
+    r = ar.run_allreduce(cfg, nproc=2, device="cpu", start_method="fork")
+    assert r is not None
+    a, b = r.rows
+    assert [t * 1e-6 for t in a.runs_us] == pytest.approx(steady)
+    assert [t * 1e-6 for t in b.runs_us] == pytest.approx(bimodal + then)
+    assert b.time_us == pytest.approx(float(np.median(bimodal + then)) * 1e6)
+    assert b.time_min_us == pytest.approx(35.0)
+    (x,) = r.summaries
+    assert x.latency_us == pytest.approx(float(np.median([a.time_us or 0.0, b.time_us or 0.0])))
+    assert x.latency_min_us == pytest.approx(35.0)
+    text = render(r)
+    assert "all_reduce small-message latency varies between runs: fastest 35.0 µs" in text
+    assert "e+" not in text
+    assert ar.spread(bimodal) == pytest.approx(float(np.percentile(bimodal, 90)) / 35e-6)
+    assert ar.spread(bimodal) > ar.DISAGREE > ar.spread(steady)
+
+
+def test_one_duration_format() -> None:
+    assert duration(1.52e-3) == "1.52 ms"
+    assert duration(35e-6) == "35.0 µs"
+    assert duration(0.4489) == "448.9 ms"
+    assert duration(4.489) == "4,489.0 ms"
+    assert ms is duration
+
+
 def test_checks_against_the_guide(result: ar.AllReduceResult) -> None:
     lat, bw = result.checks
     assert (lat.name, lat.threshold, lat.unit) == ("small-message latency", 1e-3, "s")
@@ -129,33 +197,110 @@ def _stat(collective: str, count: int, nbytes: int, busbw: float | None) -> Coll
                           bytes=nbytes, algbw_gbps=busbw, busbw_gbps=busbw)
 
 
+def _bench(rows: list[ar.SizeRow], world: int = 2, backend: str = "gloo") -> ar.AllReduceResult:
+    return ar.AllReduceResult(backend=backend, device="cpu", device_name=None, torch_version="x", world_size=world,
+                              nodes=1, local_world_size=world, dtype="float32", warmup=1, iters=1,
+                              max_bytes=max(r.bytes for r in rows), rows=rows, summaries=[], checks=[])
+
+
 def test_compare_interpolates_over_log_size() -> None:
-    rows = [ar.SizeRow("all_reduce", 1 << 20, 1 << 18, 5, 1.0, 2.0, 2.0),
-            ar.SizeRow("all_reduce", 4 << 20, 1 << 20, 5, 1.0, 4.0, 4.0)]
-    result = ar.AllReduceResult(backend="gloo", device="cpu", device_name=None, torch_version="x", world_size=2,
-                                nodes=1, local_world_size=2, dtype="float32", warmup=1, iters=1, max_bytes=4 << 20,
-                                rows=rows, summaries=[], checks=[])
+    rows = [ar.SizeRow("all_reduce", 1 << 20, 1 << 18, 5, 1000.0, 2.0, 2.0),
+            ar.SizeRow("all_reduce", 4 << 20, 1 << 20, 5, 1000.0, 4.0, 4.0)]
     stats = [
         _stat("all_reduce", 10, 10 * (2 << 20), 1.2),   # mean 2 MiB: halfway between 1 and 4 MiB in log2
-        _stat("all_reduce", 1, 64 << 20, 5.5),          # above the range: clamped to the 4 MiB figure
+        _stat("all_reduce", 1, 64 << 20, 5.5),          # above, but time does not grow: the nearest figure
         _stat("broadcast", 3, 3000, 1.0),
         _stat("all_gather", 3, 0, None),                # no size recorded: skipped
     ]
-    cmp = ar.compare_with_training(result, stats)
+    cmp = training.compare_with_training(_bench(rows), stats)
     assert [c.collective for c in cmp] == ["all_reduce", "all_reduce", "broadcast"]
     assert cmp[0].mean_bytes == 2 << 20
     assert cmp[0].bench_busbw_gbps == pytest.approx(3.0)
     assert cmp[0].ratio == pytest.approx(0.4)
+    assert cmp[0].basis == "measured"
+    assert cmp[0].size_ratio is None
     assert "well below" in cmp[0].note
     assert cmp[1].bench_busbw_gbps == pytest.approx(4.0)
-    assert "outside the sizes measured" in cmp[1].note
+    assert cmp[1].basis == "nearest"
+    assert cmp[1].size_ratio == pytest.approx(16.0)
+    assert "64 MiB is 16.0× the largest size measured (4 MiB)" in cmp[1].note
+    assert "--max-bytes 64M" in cmp[1].note
     assert cmp[2].bench_busbw_gbps is None
+    assert cmp[2].basis == "none"
     assert "not measured" in cmp[2].note
+
+
+def _model_rows(op: str, world: int, latency_s: float, gbps: float, sizes: list[int]) -> list[ar.SizeRow]:
+    """Rows timed exactly by ``time = latency + bytes / bandwidth``."""
+    out = []
+    for n in sizes:
+        t = latency_s + n / (gbps * 1e9)
+        algbw = n / t / 1e9
+        out.append(ar.SizeRow(op, n, n // 4, 5, t * 1e6, algbw, algbw * bus_factor(op, world)))
+    return out
+
+
+def test_compare_extrapolates_with_the_latency_bandwidth_fit() -> None:
+    # the largest four sizes follow 200 µs + bytes / 1.5 GB/s; the small ones are noise the fit must ignore
+    rows = [ar.SizeRow("all_reduce", 8, 2, 5, 90.0, 8 / 90e-6 / 1e9, 8 / 90e-6 / 1e9)]
+    rows += _model_rows("all_reduce", 2, 200e-6, 1.5, [1 << 20, 2 << 20, 4 << 20, 8 << 20])
+    mean = int(74.9 * (1 << 20))  # 9.4× the 8 MiB measured
+    cmp, = training.compare_with_training(_bench(rows), [_stat("all_reduce", 2, 2 * mean, 0.9)])
+    t = 200e-6 + mean / 1.5e9
+    expected = mean / t / 1e9 * 1.0  # bus factor 1 for two ranks
+    assert cmp.basis == "extrapolated"
+    assert cmp.bench_busbw_gbps == pytest.approx(expected, rel=1e-6)
+    assert cmp.ratio == pytest.approx(0.9 / expected, rel=1e-6)
+    assert cmp.size_ratio == pytest.approx(mean / (8 << 20))
+    assert f"{mean / (8 << 20):.1f}× the largest size measured (8 MiB)" in cmp.note
+    assert "time = 200.0 µs + bytes / 1.5 GB/s, fitted on the 4 largest sizes" in cmp.note
+    assert "--max-bytes 128M" in cmp.note
+    fit = training.fit_time(rows, "all_reduce", above=True)
+    assert fit is not None
+    assert fit.latency_s == pytest.approx(200e-6, rel=1e-6)
+    assert fit.bandwidth_gbps == pytest.approx(1.5, rel=1e-6)
+
+
+def test_compare_below_the_sizes_measured() -> None:
+    rows = _model_rows("broadcast", 4, 50e-6, 2.0, [64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20])
+    cmp, = training.compare_with_training(_bench(rows, world=4), [_stat("broadcast", 3, 3 * 4096, 0.05)])
+    t = 50e-6 + 4096 / 2e9
+    assert cmp.basis == "extrapolated"
+    assert cmp.bench_busbw_gbps == pytest.approx(4096 / t / 1e9, rel=1e-6)
+    assert cmp.size_ratio == pytest.approx(16.0)
+    assert "16.0× under the smallest size measured (64 KiB)" in cmp.note
+    assert "4 smallest sizes" in cmp.note
+    assert "--min-bytes 4096" in cmp.note
+
+
+def test_size_arg_is_the_next_power_of_two() -> None:
+    assert training.size_arg(int(74.9 * (1 << 20))) == "128M"
+    assert training.size_arg(64 << 20) == "64M"
+    assert training.size_arg(3 << 30) == "4G"
+    assert training.size_arg(1000) == "1K"
+    assert training.size_arg(100) == "128"
+
+
+def test_a_benchmark_unlike_the_training_is_flagged() -> None:
+    rows = _model_rows("all_reduce", 2, 100e-6, 1.0, [1 << 20, 2 << 20])
+    sixteen = api.analyze([str(Path(__file__).parent / "data" / "negative_queue_length_values_check__rank0.json.gz")])
+    assert sixteen.ranks[0].world_size == 16
+    flags = training.setup_mismatches(_bench(rows), sixteen)
+    assert any(f.startswith("the training ran 16 ranks, this benchmark 2") for f in flags)
+    ddp = api.analyze([str(EXAMPLE)])
+    assert ddp.ranks[0].backend == "nccl"  # the trace's distributedInfo
+    flags = training.setup_mismatches(_bench(rows), ddp)
+    assert not any("ranks, this benchmark" in f for f in flags)  # 2 ranks each
+    assert any(f.startswith("the training used nccl, this benchmark gloo on the cpu") for f in flags)
+    assert training.setup_mismatches(_bench(rows, backend="nccl"), ddp) == []
+    out = training.with_comparison(_bench(rows), ddp)
+    assert out.mismatches == flags
+    assert "warning: the training used nccl" in render(out)
 
 
 def test_compare_with_a_trace_report(result: ar.AllReduceResult) -> None:
     report = api.analyze([str(EXAMPLE)])
-    out = ar.with_comparison(result, report)
+    out = training.with_comparison(result, report)
     assert {c.collective for c in out.comparison} == {"all_reduce", "broadcast"}
     assert all(c.bench_busbw_gbps is not None for c in out.comparison)
     assert any("rank 0 view" in n for n in out.notes)
@@ -184,6 +329,7 @@ def test_under_torchrun_rank_zero_prints_once() -> None:
     out = json.loads(proc.stdout)  # one document: the other rank printed nothing
     assert out["world_size"] == 2
     assert out["local_world_size"] == 2
+    assert out["threads_per_rank"] == int(os.environ.get("OMP_NUM_THREADS", "1"))  # torchrun's default is 1
     assert [r["bytes"] for r in out["rows"]] == [8, 16, 32]
 
 

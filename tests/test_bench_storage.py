@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,13 @@ def test_three_phases_with_consistent_figures(result: storage.StorageResult) -> 
     assert by["random"].iops == pytest.approx(by["random"].reads / by["random"].seconds)
     assert by["random"].block_bytes == 64 << 10
     assert by["sequential"].block_bytes == 4 << 20
+    for p in result.phases:
+        assert p.mean_read_bytes == p.bytes // p.reads
+    # the small files are read whole, the 4 MiB files in 4 MiB reads: never the one for the other
+    assert by["files"].mean_read_bytes == SMALL_BYTES
+    assert by["sequential"].mean_read_bytes == BIG_BYTES
+    assert by["sequential"].files == 1
+    assert by["random"].files == 1
 
 
 def test_many_small_files_get_the_sharding_advice(result: storage.StorageResult) -> None:
@@ -65,6 +73,15 @@ def test_many_small_files_get_the_sharding_advice(result: storage.StorageResult)
     assert "WebDataset" in result.advice[0]
     assert "TFRecord" in result.advice[0]
     assert "1,202 files with a median of 1 KiB" in result.advice[0]
+    by = {p.name: p for p in result.phases}
+    f, sq = by["files"], by["sequential"]
+    # the comparison says what the table says, in the table's own figures and direction
+    assert f"{f.mb_per_s:,.1f} MB/s" in result.advice[0]
+    assert f"{sq.mb_per_s:,.1f} MB/s" in result.advice[0]
+    if f.mb_per_s is not None and sq.mb_per_s is not None and f.mb_per_s < sq.mb_per_s:
+        assert f"({sq.mb_per_s / f.mb_per_s:.1f}× faster)" in result.advice[0]
+    else:
+        assert "no slower than" in result.advice[0]
 
 
 def test_freshly_written_files_are_called_optimistic(result: storage.StorageResult) -> None:
@@ -162,3 +179,117 @@ def test_render(result: storage.StorageResult) -> None:
     text = render(result)
     assert "advice:" in text
     assert "files/s" in text
+
+
+# ------------------------------------------------------------------ which phase reads which file
+
+SEQ, BLOCK = 4 << 20, 64 << 10
+
+
+def _folder(root: Path, sizes: list[int]) -> dict[str, int]:
+    root.mkdir()
+    out = {}
+    for i, n in enumerate(sizes):
+        p = root / f"f{i:04d}.bin"
+        p.write_bytes(os.urandom(n))
+        out[str(p)] = n
+    return out
+
+
+def _run_logged(root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[storage.StorageResult, dict[str, set[str]]]:
+    """The result, and the files each phase opened (phases told apart by the progress calls between them)."""
+    opened: list[str] = []
+    by_phase: dict[str, set[str]] = {}
+    real_open = os.open
+
+    def logging_open(path: str, flags: int, *args: int) -> int:
+        if str(path).startswith(str(root)):
+            opened.append(str(path))
+        return real_open(path, flags, *args)
+
+    def progress(name: str, done: int, total: int) -> None:
+        by_phase[name] = set(opened)
+        opened.clear()
+
+    monkeypatch.setattr(os, "open", logging_open)
+    result = storage.bench_storage(root, budget_s=30.0, progress=progress)
+    monkeypatch.undo()
+    return result, by_phase
+
+
+def _expect(sizes: dict[str, int], result: storage.StorageResult, by_phase: dict[str, set[str]]) -> None:
+    """Disjoint phases, each on files of its kind, every file read in full, read sizes from the file sizes."""
+    names = list(by_phase)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not by_phase[a] & by_phase[b], (a, b)
+    large = [p for p, n in sizes.items() if n >= SEQ]
+    medium = [p for p, n in sizes.items() if 2 * BLOCK < n < SEQ]
+    by = {p.name: p for p in result.phases}
+    assert set(by) == set(by_phase)
+    if "sequential" in by:
+        seq = by_phase["sequential"]
+        assert seq <= set(large)
+        reads = sum(-(-sizes[p] // SEQ) for p in seq)
+        assert by["sequential"].reads == reads
+        assert by["sequential"].bytes == sum(sizes[p] for p in seq)
+        assert by["sequential"].mean_read_bytes == sum(sizes[p] for p in seq) // reads
+    if "random" in by:
+        rnd = by_phase["random"]
+        assert rnd <= set(large if len(large) >= 2 else medium)
+        assert by["random"].files == len(rnd)
+        assert by["random"].mean_read_bytes == BLOCK  # offsets leave room for a whole block
+    if "files" in by:
+        whole = by_phase["files"]
+        assert by["files"].files == len(whole)
+        assert by["files"].reads == len(whole)
+        assert by["files"].mean_read_bytes == sum(min(sizes[p], 8 << 20) for p in whole) // len(whole)
+    assert set().union(*by_phase.values()) == set(sizes)  # a budget long enough for every file
+
+
+def test_many_small_files_have_only_whole_file_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = _folder(tmp_path / "small", [4096] * 300)
+    result, by_phase = _run_logged(tmp_path / "small", monkeypatch)
+    assert list(by_phase) == ["files"]
+    _expect(sizes, result, by_phase)
+    assert by_phase["files"] == set(sizes)
+    assert result.phases[0].mean_read_bytes == 4096
+    assert any(n.startswith("sequential phase skipped: no file of 4 MiB or more") for n in result.notes)
+    assert any(n.startswith("random phase skipped: no file of over 128 KiB") for n in result.notes)
+    assert "streaming" not in " ".join(result.advice)
+
+
+def test_few_large_files_are_streamed_and_read_at_random(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = _folder(tmp_path / "large", [SEQ + SEQ // 2, SEQ * 2, SEQ])
+    result, by_phase = _run_logged(tmp_path / "large", monkeypatch)
+    assert list(by_phase) == ["sequential", "random"]
+    _expect(sizes, result, by_phase)
+    # largest first, alternately: the 8 MiB and 4 MiB files streamed, the 6 MiB one read at random
+    order = sorted(sizes, key=lambda p: -sizes[p])
+    assert by_phase["sequential"] == {order[0], order[2]}
+    assert by_phase["random"] == {order[1]}
+    seq = next(p for p in result.phases if p.name == "sequential")
+    assert seq.reads == 3  # 8 MiB in two 4 MiB reads, 4 MiB in one
+    assert seq.mean_read_bytes == SEQ
+    assert any(n.startswith("whole-file phase skipped") for n in result.notes)
+
+
+def test_a_mixed_folder_splits_without_overlap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = _folder(tmp_path / "mixed", [SEQ + 12345] + [300 << 10] * 9 + [2048] * 40)
+    result, by_phase = _run_logged(tmp_path / "mixed", monkeypatch)
+    assert list(by_phase) == ["files", "sequential", "random"]
+    _expect(sizes, result, by_phase)
+    # one large file: streamed; the 9 medium files alternate, random first, the rest read whole
+    assert by_phase["sequential"] == {p for p, n in sizes.items() if n >= SEQ}
+    assert len(by_phase["random"]) == 5
+    assert by_phase["files"] == set(sizes) - by_phase["sequential"] - by_phase["random"]
+    seq = next(p for p in result.phases if p.name == "sequential")
+    assert (seq.reads, seq.mean_read_bytes) == (2, (SEQ + 12345) // 2)
+
+
+def test_assign_files_caps_the_random_pool() -> None:
+    files = [(f"m{i}", 1 << 20) for i in range(200)]
+    out = storage.assign_files(files, BLOCK, random.Random(1))
+    assert len(out["random"]) == storage.RANDOM_FILES
+    assert len(out["files"]) == 200 - storage.RANDOM_FILES
+    assert out["sequential"] == []

@@ -75,7 +75,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         window=Window(kind=window.kind, start_s=_s(window.start), dur_s=_s(window.end - window.start)),
         devices=devices, steps=steps, kernels=kernels,
         communication=comm_report(tl, window, idle, coll),
-        world_size=tl.meta.world_size, host_events=host_events(tl, launchers),
+        world_size=tl.meta.world_size, backend=tl.meta.backend, host_events=host_events(tl, launchers),
     )
     seg_s, seg_e, cause = primary.segments
     exposed = cause == CAUSE_INDEX[Cause.COMMUNICATION]

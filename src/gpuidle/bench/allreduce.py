@@ -1,15 +1,18 @@
 """``bench allreduce``: collective bandwidth over torch.distributed, as nccl-tests measures it.
 
 For each operation and each message size (×2 from ``min_bytes`` up to ``max_bytes``,
-bounded by the memory of every rank) the ranks run warm-up iterations, then timed
-ones, and report the mean time per iteration averaged over ranks (nccl-tests' default),
-``algbw = bytes / time`` and ``busbw = algbw × factor`` with the factors of
-:func:`gpuidle.analysis.comm.bus_factor`. ``bytes`` is counted as nccl-tests counts it:
-the larger of a rank's input and output (all_gather: the gathered output;
-reduce_scatter: the full input). The small-message latency is the median time over
-the sizes up to 1 KiB, steadier than any one size. Checks compare with the guide's
-rules of thumb; :func:`compare_with_training` sets the figures beside what a profiled
-training run's own collectives reached.
+bounded by the memory of every rank) the ranks run warm-up iterations, then ``runs``
+timed runs of ``iters`` iterations. A run starts on a barrier and lasts until the
+slowest rank is done (a broadcast root that returns early does not shorten it); the
+row's time is the median run, with the fastest run and the 90th percentile beside it,
+and when those disagree by more than :data:`DISAGREE` as many runs again are made (a
+loaded machine makes runs bimodal). ``algbw = bytes / time`` and
+``busbw = algbw × factor`` with the factors of :func:`gpuidle.analysis.comm.bus_factor`.
+``bytes`` is counted as nccl-tests counts it: the larger of a rank's input and output
+(all_gather: the gathered output; reduce_scatter: the full input). The small-message latency is the median time over
+the sizes up to 1 KiB, steadier than any one size, with the spread of all their runs.
+Checks compare with the guide's rules of thumb; :mod:`gpuidle.bench.training` sets the
+figures beside what a profiled training run's own collectives reached.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from gpuidle.bench.common import (
 )
 from gpuidle.bench.ranks import Progress, RankContext, run_on_ranks
 from gpuidle.errors import GpuidleError
-from gpuidle.model import AnalysisReport, CollectiveStat
+from gpuidle.model import duration
 
 SCHEMA = "gpuidle.bench.allreduce/1"
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -45,10 +48,8 @@ MEMORY_SHARE = 0.5
 """At most this share of free memory goes to buffers (two per rank: input and output)."""
 SMALL_MESSAGE = 1 << 10
 """Sizes up to this are latency-bound: their median time is the small-message latency."""
-WELL_BELOW = 0.5
-"""Training busbw under this share of the benchmark's at the same size is worth a look."""
-ABOVE = 1.25
-"""Training busbw above this share of the benchmark's: the two did not run on the same path."""
+DISAGREE = 2.0
+"""Runs disagree when the 90th percentile run is over this multiple of the fastest: measure again."""
 
 
 class AllReduceConfig(msgspec.Struct, frozen=True):
@@ -58,6 +59,9 @@ class AllReduceConfig(msgspec.Struct, frozen=True):
     """None: 1 GiB on a GPU, 64 MiB on the CPU."""
     warmup: int = 5
     iters: int = 20
+    """Iterations per run, fewer where a size is slow (``max_s_per_size``)."""
+    runs: int = 5
+    """Timed runs per size; as many again when they disagree."""
     max_s_per_size: float = 2.0
     """Fewer timed iterations where a size would take longer than this (agreed over ranks)."""
     dtype: str = "float32"
@@ -70,11 +74,15 @@ class SizeRow(msgspec.Struct):
     """Elements in the message (``bytes`` / element size)."""
     iters: int
     time_us: float | None
-    """Mean time per iteration, averaged over ranks."""
+    """Time per iteration of the median run (a run lasts until the slowest rank is done)."""
     algbw_gbps: float | None
     busbw_gbps: float | None
     error: str | None = None
     """Why there is no figure, e.g. ``not supported by backend gloo``."""
+    runs_us: list[float] = []
+    """Time per iteration of every run, in the order run."""
+    time_min_us: float | None = None
+    time_p90_us: float | None = None
 
 
 class OpSummary(msgspec.Struct):
@@ -88,6 +96,10 @@ class OpSummary(msgspec.Struct):
     peak_busbw_gbps: float | None
     peak_at_bytes: int | None
     error: str | None = None
+    latency_min_us: float | None = None
+    """Fastest of all the runs of the sizes up to 1 KiB."""
+    latency_p90_us: float | None = None
+    """90th percentile of those runs."""
 
 
 class Check(msgspec.Struct):
@@ -108,9 +120,14 @@ class TrainingComparison(msgspec.Struct):
     """Mean message size of the training's calls: total bytes / calls."""
     training_busbw_gbps: float
     bench_busbw_gbps: float | None
-    """The benchmark's busbw at ``mean_bytes``, interpolated over log2(size)."""
+    """The benchmark's busbw at ``mean_bytes``: interpolated over log2(size) inside the sizes measured,
+    extrapolated with the latency + bytes / bandwidth fit outside (``basis``)."""
     ratio: float | None
     note: str
+    basis: str = "measured"
+    """``measured`` (interpolated) or ``extrapolated``; ``none`` when not measured."""
+    size_ratio: float | None = None
+    """``mean_bytes`` / the largest size measured (above it), or / the smallest (below it); None inside."""
 
 
 class AllReduceResult(msgspec.Struct, kw_only=True):
@@ -125,11 +142,15 @@ class AllReduceResult(msgspec.Struct, kw_only=True):
     dtype: str
     warmup: int
     iters: int
+    runs: int = 1
+    threads_per_rank: int | None = None
     max_bytes: int
     rows: list[SizeRow]
     summaries: list[OpSummary]
     checks: list[Check]
     comparison: list[TrainingComparison] = []
+    mismatches: list[str] = []
+    """How the benchmark differs from the compared training's setup (world size, backend, device)."""
     notes: list[str] = []
 
 
@@ -163,8 +184,8 @@ def run_allreduce(config: AllReduceConfig | None = None, *, nproc: int | None = 
         raise GpuidleError(f"unknown operation {', '.join(unknown)}", f"choose from {', '.join(OPS)}")
     if config.dtype not in DTYPES:
         raise GpuidleError(f"unknown dtype {config.dtype!r}", f"choose one of {', '.join(DTYPES)}")
-    if config.warmup < 1 or config.iters < 1:
-        raise GpuidleError("--warmup and --iters must be at least 1")
+    if config.warmup < 1 or config.iters < 1 or config.runs < 1:
+        raise GpuidleError("--warmup, --iters and --runs must be at least 1")
     return run_on_ranks(measure_collectives, config, nproc=nproc, device=device, timeout_s=timeout_s,
                         progress=progress, start_method=start_method)
 
@@ -247,11 +268,12 @@ def measure_collectives(ctx: RankContext, cfg: AllReduceConfig, progress: Progre
     dev_name = torch.cuda.get_device_name(ctx.device) if ctx.device_type == "cuda" else None
     if ctx.device_type == "cpu":
         notes.append("measured over the CPU with gloo: the figures show the host network path, not NCCL's")
+    notes += unsteady_notes(summaries)
     return AllReduceResult(
         backend=ctx.backend, device=ctx.device_type, device_name=dev_name, torch_version=str(torch.__version__),
         world_size=n, nodes=ctx.nodes, local_world_size=ctx.local_world_size, dtype=cfg.dtype,
-        warmup=cfg.warmup, iters=cfg.iters, max_bytes=max_bytes, rows=rows, summaries=summaries,
-        checks=guide_checks(summaries, ctx.nodes), notes=notes)
+        warmup=cfg.warmup, iters=cfg.iters, runs=cfg.runs, threads_per_rank=ctx.threads, max_bytes=max_bytes,
+        rows=rows, summaries=summaries, checks=guide_checks(summaries, ctx.nodes), notes=notes)
 
 
 def _one_size(ctx: RankContext, op: str, count: int, nbytes: int, n: int, dtype: Any,
@@ -276,17 +298,32 @@ def _one_size(ctx: RankContext, op: str, count: int, nbytes: int, n: int, dtype:
         ctx.sync()
         warm = (time.perf_counter() - t0) / (cfg.warmup - 1)
     (warm,) = ctx.agree([warm], "max")
-    iters = max(1, min(cfg.iters, int(cfg.max_s_per_size / warm) if warm > 0 else cfg.iters))
+    iters = max(1, min(cfg.iters, int(cfg.max_s_per_size / (warm * cfg.runs)) if warm > 0 else cfg.iters))
+    times = [_timed_run(ctx, run, iters) for _ in range(cfg.runs)]
+    if spread(times) > DISAGREE:  # the same decision on every rank: the times are agreed
+        times += [_timed_run(ctx, run, iters) for _ in range(cfg.runs)]
+    median = float(np.median(times))
+    algbw = nbytes / median / 1e9
+    return SizeRow(op, nbytes, count, iters, median * 1e6, algbw, busbw(algbw, bus_factor(op, n)),
+                   runs_us=[t * 1e6 for t in times], time_min_us=min(times) * 1e6,
+                   time_p90_us=float(np.percentile(times, 90)) * 1e6)
+
+
+def _timed_run(ctx: RankContext, run: Callable[[], None], iters: int) -> float:
+    """Seconds per iteration from a common start until the slowest rank is done."""
     ctx.agree([0.0])
     t0 = time.perf_counter()
     for _ in range(iters):
         run()
     ctx.sync()
-    per_iter = (time.perf_counter() - t0) / iters
-    (mean,) = ctx.agree([per_iter], "sum")
-    mean /= n
-    algbw = nbytes / mean / 1e9
-    return SizeRow(op, nbytes, count, iters, mean * 1e6, algbw, busbw(algbw, bus_factor(op, n)))
+    (slowest,) = ctx.agree([time.perf_counter() - t0], "max")
+    return slowest / iters
+
+
+def spread(times: Sequence[float]) -> float:
+    """90th percentile over the fastest: 1 for steady runs, large for bimodal ones."""
+    fastest = min(times)
+    return float(np.percentile(times, 90)) / fastest if fastest > 0 else 1.0
 
 
 def _summary(op: str, rows: Sequence[SizeRow], n: int) -> OpSummary:
@@ -297,7 +334,23 @@ def _summary(op: str, rows: Sequence[SizeRow], n: int) -> OpSummary:
     peak = max(ok, key=lambda r: r.busbw_gbps or 0.0)
     small = [r for r in ok if r.bytes <= SMALL_MESSAGE] or ok[:1]
     latency = float(np.median([r.time_us for r in small if r.time_us is not None]))
-    return OpSummary(op, bus_factor(op, n), True, latency, small[-1].bytes, peak.busbw_gbps, peak.bytes)
+    pooled = [t for r in small for t in r.runs_us]
+    return OpSummary(op, bus_factor(op, n), True, latency, small[-1].bytes, peak.busbw_gbps, peak.bytes,
+                     latency_min_us=min(pooled) if pooled else None,
+                     latency_p90_us=float(np.percentile(pooled, 90)) if pooled else None)
+
+
+def unsteady_notes(summaries: Sequence[OpSummary]) -> list[str]:
+    """A note for each operation whose small-message runs disagree: the machine or network is shared."""
+    out = []
+    for x in summaries:
+        lo, hi = x.latency_min_us, x.latency_p90_us
+        if x.latency_us is None or lo is None or hi is None or lo <= 0 or hi / lo <= DISAGREE:
+            continue
+        out.append(f"{x.op} small-message latency varies between runs: fastest {duration(lo / 1e6)}, median "
+                   f"{duration(x.latency_us / 1e6)}, 90th percentile {duration(hi / 1e6)}; other work shares "
+                   "the cores or the network (the check uses the median)")
+    return out
 
 
 def guide_checks(summaries: Sequence[OpSummary], nodes: int) -> list[Check]:
@@ -316,61 +369,3 @@ def guide_checks(summaries: Sequence[OpSummary], nodes: int) -> list[Check]:
               None if bw is None else bw > GUIDE_BANDWIDTH_GBPS,
               f"peak all_reduce busbw {where}; the guide asks for over 10 Gbit/s (1.25 GB/s)"),
     ]
-
-
-def interpolate_busbw(rows: Sequence[SizeRow], op: str, nbytes: int) -> float | None:
-    """The benchmark's busbw for ``op`` at ``nbytes``, linear in log2(size), clamped to the range measured."""
-    pts = sorted((r.bytes, r.busbw_gbps) for r in rows if r.op == op and r.busbw_gbps is not None)
-    if not pts or nbytes <= 0:
-        return None
-    x = np.log2([p[0] for p in pts])
-    y = np.array([p[1] for p in pts], dtype=np.float64)
-    return float(np.interp(np.log2(nbytes), x, y))
-
-
-def training_collectives(report: AnalysisReport) -> tuple[list[CollectiveStat], str]:
-    """The collectives to compare: the job's when the report covers several ranks, else rank 0's."""
-    if report.job is not None:
-        return report.job.communication.collectives, "job"
-    if report.ranks:
-        return report.ranks[0].communication.collectives, f"rank {report.ranks[0].rank}"
-    return [], "none"
-
-
-def compare_with_training(result: AllReduceResult, stats: Sequence[CollectiveStat]) -> list[TrainingComparison]:
-    """Each training collective's busbw beside the benchmark's at the same mean message size."""
-    out: list[TrainingComparison] = []
-    for s in stats:
-        if s.busbw_gbps is None or s.count <= 0 or s.bytes <= 0:
-            continue
-        mean = s.bytes // s.count
-        bench = interpolate_busbw(result.rows, s.collective, mean)
-        if bench is None:
-            out.append(TrainingComparison(s.collective, s.process_group, mean, s.busbw_gbps, None, None,
-                                          f"{s.collective} not measured by this benchmark"))
-            continue
-        ratio = s.busbw_gbps / bench if bench > 0 else None
-        measured = [r.bytes for r in result.rows if r.op == s.collective and r.busbw_gbps is not None]
-        if not min(measured) <= mean <= max(measured):
-            note = "message size outside the sizes measured: compared with the nearest"
-        elif ratio is not None and ratio > ABOVE:
-            note = ("faster than this benchmark: the benchmark ran on another path than the training "
-                    "(backend, devices or nodes); run it where the training runs")
-        elif ratio is not None and ratio < WELL_BELOW:
-            note = ("well below what the network reaches at this size: the kernel time includes waiting for "
-                    "late ranks (see straggler_wait) and contention with overlapped compute")
-        else:
-            note = "about what the network reaches at this size"
-        out.append(TrainingComparison(s.collective, s.process_group, mean, s.busbw_gbps, bench, ratio, note))
-    return out
-
-
-def with_comparison(result: AllReduceResult, report: AnalysisReport) -> AllReduceResult:
-    stats, scope = training_collectives(report)
-    rows = compare_with_training(result, stats)
-    notes = list(result.notes)
-    if not rows:
-        notes.append("the training report has no collectives with known sizes to compare with")
-    else:
-        notes.append(f"training collectives from the report's {scope} view (mean message size = bytes / calls)")
-    return msgspec.structs.replace(result, comparison=rows, notes=notes)

@@ -3,7 +3,10 @@
 One rank per node (the lowest rank on each host) pairs with every other such rank, one
 pair at a time while the other ranks wait, and plays ping-pong through
 ``torch.distributed.send``/``recv``: half the round trip of a small message is the
-latency, a large message over half its round trip is the bandwidth. On a single node
+latency, a large message over half its round trip is the bandwidth. Each is the median
+of ``runs`` runs, the latency with its fastest run and 90th percentile; when those
+disagree by more than :data:`~gpuidle.bench.allreduce.DISAGREE` (a loaded machine makes
+latency bimodal) the pair makes as many latency runs again. On a single node
 every pair of ranks is measured instead (``level="rank"``). A link is slow when its
 bandwidth is under half the median link's or its latency over twice the median's, or
 when it misses the guide's rules of thumb (latency under 1 ms, over 10 Gbit/s).
@@ -17,10 +20,13 @@ import time
 from collections.abc import Sequence
 
 import msgspec
+import numpy as np
 
+from gpuidle.bench.allreduce import DISAGREE, spread
 from gpuidle.bench.common import GUIDE_BANDWIDTH_GBPS, GUIDE_LATENCY_S, MIB, import_dist, import_torch
 from gpuidle.bench.ranks import Progress, RankContext, run_on_ranks
 from gpuidle.errors import GpuidleError
+from gpuidle.model import duration
 
 SCHEMA = "gpuidle.bench.net/1"
 DEFAULT_BYTES = {"cuda": 64 * MIB, "cpu": 16 * MIB}
@@ -36,6 +42,9 @@ class NetConfig(msgspec.Struct, frozen=True):
     latency_bytes: int = 8
     warmup: int = 3
     iters: int = 20
+    """Round trips per run."""
+    runs: int = 5
+    """Runs per measurement; as many latency runs again when they disagree."""
     level: str = "auto"
     """``node`` (one rank per host), ``rank`` (every rank) or ``auto`` (node when there are several)."""
 
@@ -47,11 +56,15 @@ class Link(msgspec.Struct):
     host_a: str
     host_b: str
     latency_us: float
-    """Half the round trip of a ``latency_bytes`` message."""
+    """Half the round trip of a ``latency_bytes`` message, median run."""
     bandwidth_gbps: float
-    """``bytes`` / half the round trip of a ``bytes`` message, GB/s."""
+    """``bytes`` / half the round trip of a ``bytes`` message (median run), GB/s."""
     slow: bool = False
     why: str | None = None
+    latency_runs_us: list[float] = []
+    """The latency of every run, in the order run."""
+    latency_min_us: float | None = None
+    latency_p90_us: float | None = None
 
 
 class NetResult(msgspec.Struct, kw_only=True):
@@ -65,6 +78,8 @@ class NetResult(msgspec.Struct, kw_only=True):
     latency_bytes: int
     iters: int
     links: list[Link]
+    runs: int = 1
+    threads_per_rank: int | None = None
     slowest: Link | None
     """The link with the least bandwidth."""
     median_latency_us: float | None
@@ -79,8 +94,9 @@ def run_net(config: NetConfig | None = None, *, nproc: int | None = None, device
     config = config or NetConfig()
     if config.level not in ("auto", "node", "rank"):
         raise GpuidleError(f"unknown level {config.level!r}", "choose auto, node or rank")
-    if config.warmup < 0 or config.iters < 1 or config.latency_bytes < 1 or (config.bytes or 1) < 1:
-        raise GpuidleError("--iters and message sizes must be at least 1")
+    if config.warmup < 0 or config.iters < 1 or config.runs < 1 or config.latency_bytes < 1 \
+            or (config.bytes or 1) < 1:
+        raise GpuidleError("--iters, --runs and message sizes must be at least 1")
     return run_on_ranks(measure_links, config, nproc=nproc, device=device, timeout_s=timeout_s,
                         progress=progress, start_method=start_method)
 
@@ -118,7 +134,7 @@ def measure_links(ctx: RankContext, cfg: NetConfig, progress: Progress | None) -
     nbytes = cfg.bytes or DEFAULT_BYTES[ctx.device_type]
     small = torch.zeros(max(cfg.latency_bytes, 1), dtype=torch.uint8, device=ctx.device)
     big = torch.zeros(nbytes, dtype=torch.uint8, device=ctx.device)
-    mine: list[tuple[int, int, float, float]] = []
+    mine: list[tuple[int, int, list[float], float]] = []
     for i, (a, b) in enumerate(pairs):
         ctx.agree([0.0])  # one link at a time: nothing else on the wire
         if ctx.rank in (a, b):
@@ -126,26 +142,49 @@ def measure_links(ctx: RankContext, cfg: NetConfig, progress: Progress | None) -
             if cfg.warmup:
                 _pingpong(ctx, peer, small, lead, cfg.warmup)
                 _pingpong(ctx, peer, big, lead, cfg.warmup)
-            lat = _pingpong(ctx, peer, small, lead, cfg.iters) / 2
+            lats = _latency_runs(ctx, peer, small, lead, cfg)
             bw_iters = max(1, min(cfg.iters, 5 if nbytes >= 256 * MIB else cfg.iters))
-            half = _pingpong(ctx, peer, big, lead, bw_iters) / 2
+            half = statistics.median(_pingpong(ctx, peer, big, lead, bw_iters) / 2 for _ in range(cfg.runs))
             if lead:
-                mine.append((a, b, lat, half))
+                mine.append((a, b, lats, half))
         if progress is not None:
             progress("links", i + 1, len(pairs))
     gathered = ctx.gather_objects(mine)
-    parts: list[list[tuple[int, int, float, float]]] = gathered  # type: ignore[assignment]
-    links = [Link(a, b, ctx.hosts[a], ctx.hosts[b], lat * 1e6, nbytes / half / 1e9)
-             for part in parts for (a, b, lat, half) in part]
+    parts: list[list[tuple[int, int, list[float], float]]] = gathered  # type: ignore[assignment]
+    links = [Link(a, b, ctx.hosts[a], ctx.hosts[b], statistics.median(lats) * 1e6, nbytes / half / 1e9,
+                  latency_runs_us=[x * 1e6 for x in lats], latency_min_us=min(lats) * 1e6,
+                  latency_p90_us=float(np.percentile(lats, 90)) * 1e6)
+             for part in parts for (a, b, lats, half) in part]
     links.sort(key=lambda link: (link.a, link.b))
     notes = []
     if level == "rank":
         notes.append("all ranks on one node: links between processes, not between nodes")
     if ctx.device_type == "cpu":
         notes.append("measured over the CPU with gloo")
-    return summarize_links(links, backend=ctx.backend, device=ctx.device_type, world_size=ctx.world_size,
-                           nodes=ctx.nodes, level=level, nbytes=nbytes, latency_bytes=cfg.latency_bytes,
-                           iters=cfg.iters, notes=notes)
+    for x in links:
+        lo, hi = x.latency_min_us, x.latency_p90_us
+        if lo and hi and hi / lo > DISAGREE:
+            notes.append(f"link {x.a} ↔ {x.b}: latency varies between runs (fastest {duration(lo * 1e-6)}, median "
+                         f"{duration(x.latency_us * 1e-6)}, 90th percentile {duration(hi * 1e-6)}): other work "
+                         "shares the cores or the network; the median is used")
+    result = summarize_links(links, backend=ctx.backend, device=ctx.device_type, world_size=ctx.world_size,
+                             nodes=ctx.nodes, level=level, nbytes=nbytes, latency_bytes=cfg.latency_bytes,
+                             iters=cfg.iters, notes=notes)
+    return msgspec.structs.replace(result, runs=cfg.runs, threads_per_rank=ctx.threads)
+
+
+def _latency_runs(ctx: RankContext, peer: int, small: object, lead: bool, cfg: NetConfig) -> list[float]:
+    """Half round trips of ``cfg.runs`` runs; the leading rank decides whether they disagree and tells its peer."""
+    torch, dist = import_torch(), import_dist()
+    lats = [_pingpong(ctx, peer, small, lead, cfg.iters) / 2 for _ in range(cfg.runs)]
+    again = torch.tensor([1 if lead and spread(lats) > DISAGREE else 0], dtype=torch.uint8, device=ctx.device)
+    if lead:
+        dist.send(again, peer)
+    else:
+        dist.recv(again, peer)
+    if int(again.item()):
+        lats += [_pingpong(ctx, peer, small, lead, cfg.iters) / 2 for _ in range(cfg.runs)]
+    return lats
 
 
 def flag_slow(links: Sequence[Link]) -> list[Link]:
@@ -160,9 +199,10 @@ def flag_slow(links: Sequence[Link]) -> list[Link]:
         if len(links) > 1 and link.bandwidth_gbps < SLOW_BANDWIDTH * med_bw:
             why.append(f"bandwidth {link.bandwidth_gbps:.3g} GB/s is under half the median link's {med_bw:.3g}")
         if len(links) > 1 and link.latency_us > SLOW_LATENCY * med_lat:
-            why.append(f"latency {link.latency_us:.3g} µs is over twice the median link's {med_lat:.3g}")
+            why.append(f"latency {duration(link.latency_us * 1e-6)} is over twice the median link's "
+                       f"{duration(med_lat * 1e-6)}")
         if link.latency_us > GUIDE_LATENCY_S * 1e6:
-            why.append(f"latency {link.latency_us:.3g} µs is over the guide's 1 ms")
+            why.append(f"latency {duration(link.latency_us * 1e-6)} is over the guide's 1 ms")
         if link.bandwidth_gbps < GUIDE_BANDWIDTH_GBPS:
             why.append(f"bandwidth {link.bandwidth_gbps:.3g} GB/s is under the guide's 10 Gbit/s (1.25 GB/s)")
         out.append(msgspec.structs.replace(link, slow=bool(why), why="; ".join(why) or None))

@@ -4,7 +4,10 @@ Under a launcher (``torchrun``, or anything that sets ``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT``) every process joins the job's process group and
 rank 0 gets the result. Standalone, :func:`run_on_ranks` starts ``nproc`` local ranks
 that meet through a file store in a temporary folder (no port to pick, none to clash),
-relays rank 0's progress and returns rank 0's result.
+relays rank 0's progress and returns rank 0's result. Spawned ranks get one intra-op
+thread unless ``OMP_NUM_THREADS`` says otherwise, as torchrun gives its workers: both
+launch modes then measure the same processes (more threads than cores per rank spin
+against the other ranks' communication threads).
 
 The measurement is a module-level function ``(ctx, config, progress) -> result`` so
 that spawned ranks can import it; its collectives must be issued in the same order on
@@ -17,7 +20,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ Measure = Callable[["RankContext", C, "Progress | None"], R]
 
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 POLL_S = 0.05
+LAUNCHER_THREADS_ENV = "OMP_NUM_THREADS"
 
 
 def under_launcher() -> bool:
@@ -68,6 +71,8 @@ class RankContext:
     """The ``torch.device`` this rank's buffers live on."""
     hosts: list[str]
     """Host name of every rank, by rank."""
+    threads: int
+    """This rank's intra-op threads (``torch.get_num_threads()``)."""
 
     @property
     def nodes(self) -> int:
@@ -111,7 +116,7 @@ def _join(rank: int, world_size: int, local_rank: int, local_world_size: int, de
     hosts: list[object] = [None] * world_size
     dist.all_gather_object(hosts, socket.gethostname())
     return RankContext(rank, world_size, local_rank, local_world_size, device_type, backend, device,
-                       [str(h) for h in hosts])
+                       [str(h) for h in hosts], torch.get_num_threads())
 
 
 def _leave() -> None:
@@ -125,9 +130,10 @@ def run_on_ranks(measure: Measure[C, R], config: C, *, nproc: int | None = None,
                  start_method: str | None = None) -> R | None:
     """Run ``measure`` on every rank; rank 0's result (None on the other ranks of a launcher).
 
-    ``nproc`` local ranks are spawned unless a launcher started this process. Spawned
-    CPU ranks are forked (no second torch import, well under a second); GPU ranks are
-    spawned, since CUDA does not survive a fork.
+    ``nproc`` local ranks are spawned unless a launcher started this process: fresh
+    interpreters, as torchrun starts its workers (a forked rank would inherit this
+    process's threads and memory, and CUDA does not survive a fork), at the cost of one
+    torch import per rank.
     """
     device_type, backend = resolve_device(device)
     if under_launcher():
@@ -153,6 +159,9 @@ def run_on_ranks(measure: Measure[C, R], config: C, *, nproc: int | None = None,
 def _spawned(local_rank: int, measure: Measure[C, R], config: C, nproc: int, device_type: str, backend: str,
              timeout_s: float, store: str, queue: Any) -> None:
     try:
+        if LAUNCHER_THREADS_ENV not in os.environ:  # what torchrun sets for more than one process per node
+            os.environ[LAUNCHER_THREADS_ENV] = "1"
+            import_torch().set_num_threads(1)
         ctx = _join(local_rank, nproc, local_rank, nproc, device_type, backend, timeout_s, f"file://{store}")
 
         def relay(what: str, done: int, total: int) -> None:
@@ -176,7 +185,7 @@ def _spawn(measure: Measure[C, R], config: C, nproc: int, device_type: str, back
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException, start_processes
 
-    method = start_method or ("fork" if device_type == "cpu" and sys.platform == "linux" else "spawn")
+    method = start_method or "spawn"
     queue = mp.get_context(method).SimpleQueue()
     result: list[R] = []
     errors: list[str] = []

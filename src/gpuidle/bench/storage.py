@@ -1,12 +1,18 @@
 """``bench storage PATH``: how fast a dataset folder reads, and whether the page cache flattered it.
 
 Three timed phases share the budget, each on files the others did not touch (a file
-read once sits in the page cache and would read fast the second time):
+read once sits in the page cache and would read fast the second time). The files are
+split before any read (:func:`assign_files`):
 
-- ``files``: whole files (up to 8 MiB each) in random order: files/s, what a map-style
-  Dataset of one sample per file needs;
-- ``sequential``: the largest files front to back in 4 MiB reads: MB/s of streaming;
-- ``random``: ``block``-sized reads at random offsets of random files: MB/s and IOPS.
+- ``sequential``: files of 4 MiB or more (every other one, largest first), front to back
+  in 4 MiB reads: MB/s of streaming;
+- ``random``: the other files of 4 MiB or more, else half of those over twice ``block``:
+  ``block``-sized reads at random offsets: MB/s and IOPS;
+- ``files``: every remaining file, read whole (up to 8 MiB each) in random order: files/s,
+  what a map-style Dataset of one sample per file needs.
+
+A phase with no file of its kind is skipped with a note rather than run on files that
+are too small for it; each phase reports the mean size of the reads it really made.
 
 Before each read, ``mincore(2)`` says how much of it was already in the page cache
 (outside the timing, as is the eviction); ``drop_cache`` first evicts the file with
@@ -63,6 +69,9 @@ class Phase(msgspec.Struct):
     files_per_s: float | None
     iops: float | None
     block_bytes: int | None
+    """The read size asked for; None: whole files."""
+    mean_read_bytes: int
+    """Bytes / reads: the size of the reads really made (a file's tail is shorter than a block)."""
     cached_share: float | None
     """Share of the bytes read that were in the page cache beforehand; None: unknown on this OS."""
 
@@ -173,20 +182,64 @@ def bench_storage(path: str | Path, *, budget_s: float = 20.0, block_bytes: int 
                       int(sizes.max()))
     rng = random.Random(seed)
     mc = _Mincore()
-    touched: set[str] = set()
-    phase_s = max(budget_s - (clock() - start), 0.3) / len(PHASES)
+    assigned = assign_files(files, block_bytes, rng)
+    running = [name for name in PHASES if assigned[name]]
+    phase_s = max(budget_s - (clock() - start), 0.3) / len(running)
     phases = []
-    for i, name in enumerate(PHASES):
-        phase = _PHASE_FUNCS[name](files, touched, rng, mc, phase_s, block_bytes, drop_cache, clock)
+    for i, name in enumerate(running):
+        phase = _PHASE_FUNCS[name](assigned[name], rng, mc, phase_s, block_bytes, drop_cache, clock)
         if phase is not None:
             phases.append(phase)
         if progress is not None:
-            progress(name, i + 1, len(PHASES))
+            progress(name, i + 1, len(running))
     total, _ = ram_bytes()
     cached = _weighted_cache(phases)
     advice, notes = storage_advice(listing, phases, cached, total, drop_cache, complete)
+    notes = [skipped_note(name, listing, block_bytes) for name in PHASES if not assigned[name]] + notes
     return StorageResult(path=str(root), budget_s=budget_s, drop_cache=drop_cache, listing=listing, phases=phases,
                          ram_bytes=total, cached_share=cached, advice=advice, notes=notes)
+
+
+def assign_files(files: list[tuple[str, int]], block: int,
+                 rng: random.Random) -> dict[str, list[tuple[str, int]]]:
+    """Each file to at most one phase, so that no phase reads what another brought into the page cache.
+
+    Files of :data:`SEQ_CHUNK` or more, largest first, go alternately to ``random`` (up to
+    :data:`RANDOM_FILES`, the files it holds open) and ``sequential`` (the first and every
+    one left over). When no such file reaches ``random``, it takes every other file of
+    more than ``2 × block`` (in random order, up to :data:`RANDOM_FILES`); ``files`` gets
+    the rest. Pure but for ``rng``.
+    """
+    large = sorted((f for f in files if f[1] >= SEQ_CHUNK), key=lambda f: (-f[1], f[0]))
+    randoms = large[1::2][:RANDOM_FILES]
+    picked = {p for p, _ in randoms}
+    sequential = [f for f in large if f[0] not in picked]
+    rest = [f for f in files if f[1] < SEQ_CHUNK]
+    whole: list[tuple[str, int]] = []
+    eligible = 0
+    for f in rng.sample(rest, len(rest)):
+        if not large[1:] and f[1] > 2 * block and len(randoms) < RANDOM_FILES:
+            eligible += 1
+            if eligible % 2:
+                randoms.append(f)
+                continue
+        whole.append(f)
+    return {"sequential": sequential, "random": randoms, "files": whole}
+
+
+def skipped_note(name: str, listing: Listing, block: int) -> str:
+    """Why a phase has no figures: what file it would need, and the largest there is."""
+    largest = human_bytes(listing.largest_bytes)
+    if name == "sequential":
+        return (f"sequential phase skipped: no file of {human_bytes(SEQ_CHUNK)} or more to stream (largest "
+                f"{largest})")
+    if name == "random":
+        if listing.largest_bytes >= SEQ_CHUNK:
+            return (f"random phase skipped: the sequential phase streams the one file of {human_bytes(SEQ_CHUNK)} "
+                    f"or more, and no other file is over {human_bytes(2 * block)}")
+        return (f"random phase skipped: no file of over {human_bytes(2 * block)} to read {human_bytes(block)} "
+                f"blocks from at random offsets (largest {largest})")
+    return "whole-file phase skipped: every file is read by the sequential or random phase"
 
 
 class _Reader:
@@ -235,21 +288,15 @@ class _Reader:
         s = self.seconds or 1e-9
         return Phase(self.name, self.seconds, self.bytes, self.files, self.reads, self.bytes / s / 1e6,
                      self.files / s if self.name == "files" else None,
-                     self.reads / s if self.name == "random" else None, self.block,
+                     self.reads / s if self.name == "random" else None, self.block, self.bytes // self.reads,
                      self.cached_bytes / self.known_bytes if self.known_bytes else None)
 
 
-def _untouched(files: list[tuple[str, int]], touched: set[str]) -> list[tuple[str, int]]:
-    fresh = [f for f in files if f[0] not in touched]
-    return fresh or list(files)
-
-
-def _phase_files(files: list[tuple[str, int]], touched: set[str], rng: random.Random, mc: _Mincore, budget: float,
-                 block: int, drop: bool, clock: Clock) -> Phase | None:
+def _phase_files(files: list[tuple[str, int]], rng: random.Random, mc: _Mincore, budget: float, block: int,
+                 drop: bool, clock: Clock) -> Phase | None:
     """Open, read whole, close: the timing includes the open (its metadata is warm from the check)."""
     r = _Reader("files", mc, drop, clock, budget)
-    order = _untouched(files, touched)
-    for p, s in rng.sample(order, len(order)):
+    for p, s in rng.sample(files, len(files)):
         if r.done:
             break
         n = min(s, WHOLE_FILE_CAP)
@@ -265,14 +312,13 @@ def _phase_files(files: list[tuple[str, int]], touched: set[str], rng: random.Ra
         r.seconds += clock() - t0
         r.add(got, cached)
         r.files += 1
-        touched.add(p)
     return r.phase()
 
 
-def _phase_sequential(files: list[tuple[str, int]], touched: set[str], rng: random.Random, mc: _Mincore,
-                      budget: float, block: int, drop: bool, clock: Clock) -> Phase | None:
+def _phase_sequential(files: list[tuple[str, int]], rng: random.Random, mc: _Mincore, budget: float, block: int,
+                      drop: bool, clock: Clock) -> Phase | None:
     r = _Reader("sequential", mc, drop, clock, budget, SEQ_CHUNK)
-    for p, s in sorted(_untouched(files, touched), key=lambda f: -f[1]):
+    for p, s in files:
         if r.done:
             break
         fd = r.open(p)
@@ -285,18 +331,16 @@ def _phase_sequential(files: list[tuple[str, int]], touched: set[str], rng: rand
                     break
                 off += got
             r.files += 1
-            touched.add(p)
         finally:
             os.close(fd)
     return r.phase()
 
 
-def _phase_random(files: list[tuple[str, int]], touched: set[str], rng: random.Random, mc: _Mincore, budget: float,
-                  block: int, drop: bool, clock: Clock) -> Phase | None:
+def _phase_random(files: list[tuple[str, int]], rng: random.Random, mc: _Mincore, budget: float, block: int,
+                  drop: bool, clock: Clock) -> Phase | None:
     """Reads at random offsets of files held open, as an indexed or memory-mapped dataset reads."""
     r = _Reader("random", mc, drop, clock, budget, block)
-    pool = [f for f in _untouched(files, touched) if f[1] >= block] or _untouched(files, touched)
-    pool = rng.sample(pool, min(len(pool), RANDOM_FILES))
+    pool = files[:RANDOM_FILES]
     fds = [(r.open(p), s) for p, s in pool]
     try:
         while not r.done:
@@ -310,7 +354,6 @@ def _phase_random(files: list[tuple[str, int]], touched: set[str], rng: random.R
         for fd, _ in fds:
             os.close(fd)
     r.files = len(pool)
-    touched.update(p for p, _ in pool)
     return r.phase()
 
 
@@ -335,7 +378,13 @@ def storage_advice(listing: Listing, phases: list[Phase], cached: float | None, 
                 "(WebDataset tar shards, TFRecord, or MosaicML/LitData streaming formats)")
         f, s = by.get("files"), by.get("sequential")
         if f and s and f.mb_per_s and s.mb_per_s:
-            line += f" - whole small files read at {f.mb_per_s:.3g} MB/s here, streaming at {s.mb_per_s:.3g} MB/s"
+            whole = f"whole files (mean {human_bytes(f.mean_read_bytes)}) read at {f.mb_per_s:,.1f} MB/s"
+            stream = f"{human_bytes(s.mean_read_bytes)} reads of large files at {s.mb_per_s:,.1f} MB/s"
+            if f.mb_per_s < s.mb_per_s:
+                line += f"; here {whole}, {stream} ({s.mb_per_s / f.mb_per_s:.1f}× faster)"
+            else:
+                line += (f"; here {whole}, no slower than {stream}: the per-file cost does not show on this "
+                         "storage (page cache or a local SSD), it will on network or object storage")
         advice.append(line)
     warm = [p for p in phases if p.cached_share is not None and p.cached_share > OPTIMISTIC]
     if warm:

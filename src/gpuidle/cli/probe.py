@@ -93,7 +93,9 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
     ar.add_argument("--max-bytes", type=byte_size, default=None,
                     help="largest message (default 1G on a GPU, 64M on the CPU; bounded by memory)")
     ar.add_argument("--warmup", type=positive_int, default=5, help="warm-up iterations per size (default 5)")
-    ar.add_argument("--iters", type=positive_int, default=20, help="timed iterations per size (default 20)")
+    ar.add_argument("--iters", type=positive_int, default=20, help="timed iterations per run (default 20)")
+    ar.add_argument("--runs", type=positive_int, default=5,
+                    help="timed runs per size, the median shown; as many again when they disagree (default 5)")
     ar.add_argument("--max-s-per-size", type=positive_float, default=2.0,
                     help="fewer timed iterations where a size would take longer (default 2)")
     ar.add_argument("--dtype", default="float32", help="element type (default float32)")
@@ -107,7 +109,9 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
                                       "(every pair of ranks on one node) and name the slow link.")
     _ranks(net)
     net.add_argument("--bytes", type=byte_size, default=None, help="message for bandwidth (default 64M GPU, 16M CPU)")
-    net.add_argument("--iters", type=positive_int, default=20, help="round trips per measurement (default 20)")
+    net.add_argument("--iters", type=positive_int, default=20, help="round trips per run (default 20)")
+    net.add_argument("--runs", type=positive_int, default=5,
+                     help="runs per measurement, the median shown; as many again when they disagree (default 5)")
     net.add_argument("--level", choices=("auto", "node", "rank"), default="auto",
                      help="pair nodes or ranks (default: nodes when there are several)")
     _output(net)
@@ -253,7 +257,8 @@ def run_allreduce(args: argparse.Namespace) -> int:
     report = read_analysis_report(args.compare) if args.compare else None
     ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
     cfg = ar.AllReduceConfig(ops=ops, min_bytes=args.min_bytes, max_bytes=args.max_bytes, warmup=args.warmup,
-                             iters=args.iters, max_s_per_size=args.max_s_per_size, dtype=args.dtype)
+                             iters=args.iters, runs=args.runs, max_s_per_size=args.max_s_per_size,
+                             dtype=args.dtype)
     launched = _launched(args)
     with _progress(args, "bench allreduce") as progress:
         result = ar.run_allreduce(cfg, nproc=None if launched else args.nproc, device=args.device,
@@ -261,7 +266,9 @@ def run_allreduce(args: argparse.Namespace) -> int:
     if result is None:  # a rank other than 0 under torchrun: rank 0 prints
         return 0
     if report is not None:
-        result = ar.with_comparison(result, report)
+        from gpuidle.bench.training import with_comparison
+
+        result = with_comparison(result, report)
     _print(result, args)
     _record(args, result, [args.compare])
     return 0
@@ -270,7 +277,7 @@ def run_allreduce(args: argparse.Namespace) -> int:
 def run_net(args: argparse.Namespace) -> int:
     from gpuidle.bench import net
 
-    cfg = net.NetConfig(bytes=args.bytes, iters=args.iters, level=args.level)
+    cfg = net.NetConfig(bytes=args.bytes, iters=args.iters, runs=args.runs, level=args.level)
     launched = _launched(args)
     with _progress(args, "bench net") as progress:
         result = net.run_net(cfg, nproc=None if launched else args.nproc, device=args.device,

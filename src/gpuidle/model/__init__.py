@@ -111,6 +111,7 @@ from .timeline import (
     Timeline,
     TraceMeta,
 )
+from .units import duration
 
 __all__ = [
     "CAUSES",
@@ -203,6 +204,7 @@ __all__ = [
     "UtilWindow",
     "UtilizationReport",
     "Window",
+    "duration",
     "util_series_from_records",
     "zero_causes",
 ]

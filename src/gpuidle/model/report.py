@@ -127,6 +127,8 @@ class RankReport(msgspec.Struct):
     kernels: KernelFacts
     communication: CommReport
     world_size: int | None = None
+    backend: str | None = None
+    """The process group's backend where the trace records it (Kineto ``distributedInfo.backend``)."""
     host_events: dict[str, int] | None = None
     """What the trace recorded on the host: ``cpu_ops``, ``runtime_calls``, ``linked_launches``,
     ``graph_or_driver_launches``; None for step timing (the tracker)."""

@@ -59,16 +59,19 @@ def _notes(console: Console, notes: list[str], style: str = "bright_black", pref
 def _size_table(op: str, rows: list[SizeRow], dtype: str) -> Table:
     t = Table(box=None, header_style="bold", pad_edge=False, title=f"{op}", title_justify="left",
               title_style="bold underline")
-    for col in ("size (B)", "count", "type", "redop", "root", "iters", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+    for col in ("size (B)", "count", "type", "redop", "root", "iters", "runs", "time (us)", "min-p90 (us)",
+                "algbw (GB/s)", "busbw (GB/s)"):
         t.add_column(col, justify="left" if col in ("type", "redop") else "right")
     for r in rows:
         root = "0" if op == "broadcast" else "-1"
-        if r.error is not None:
-            t.add_row(str(r.bytes), str(r.count), dtype, _REDOP.get(op, "none"), root, "-",
-                      Text(r.error, style="yellow"), "", "")
+        if r.error is not None:  # the reason follows the table: a narrow column would break it
+            t.add_row(str(r.bytes), str(r.count), dtype, _REDOP.get(op, "none"), root, "-", "-",
+                      Text("see below", style="yellow"), "", "", "")
             continue
+        spread = "-" if r.time_min_us is None or r.time_p90_us is None else \
+            f"{r.time_min_us:.1f}-{r.time_p90_us:.1f}"
         t.add_row(str(r.bytes), str(r.count), dtype, _REDOP.get(op, "none"), root, str(r.iters),
-                  _f(r.time_us, ".1f"), _f(r.algbw_gbps), _f(r.busbw_gbps))
+                  str(len(r.runs_us)), _f(r.time_us, ".1f"), spread, _f(r.algbw_gbps), _f(r.busbw_gbps))
     return t
 
 
@@ -76,20 +79,26 @@ def render_allreduce(r: AllReduceResult, options: RenderOptions = DEFAULT_OPTION
     buf = io.StringIO()
     c = _console(buf, options)
     dev = f"{r.device} ({r.device_name})" if r.device_name else r.device
-    c.print(Text(f"gpuidle bench allreduce · {r.backend} on {dev} · {r.world_size} ranks on {r.nodes} node(s) · "
-                 f"{r.dtype} · warm-up {r.warmup}, up to {r.iters} timed iterations · torch {r.torch_version}",
-                 style="bold"))
+    threads = "" if r.threads_per_rank is None else f" · {r.threads_per_rank} thread(s) per rank"
+    c.print(Text(f"gpuidle bench allreduce · {r.backend} on {dev} · {r.world_size} ranks on {r.nodes} node(s)"
+                 f"{threads} · {r.dtype} · warm-up {r.warmup}, {r.runs} runs of up to {r.iters} iterations "
+                 f"per size (median run shown) · torch {r.torch_version}", style="bold"))
     for op in dict.fromkeys(row.op for row in r.rows):
         c.print(_size_table(op, [row for row in r.rows if row.op == op], r.dtype))
+        for row in r.rows:
+            if row.op == op and row.error is not None:
+                c.print(Text(f"{op} at {row.bytes} B: {row.error}", style="yellow"))
     s = Table(box=None, header_style="bold", pad_edge=False, title="summary", title_justify="left",
               title_style="bold underline")
-    for col in ("op", "bus factor", "latency", "sizes", "peak busbw (GB/s)", "at size"):
+    for col in ("op", "bus factor", "latency", "runs: fastest / p90", "sizes", "peak busbw (GB/s)", "at size"):
         s.add_column(col, justify="left" if col == "op" else "right")
     for x in r.summaries:
         if not x.supported:
-            s.add_row(x.op, f"{x.bus_factor:.3g}", Text(x.error or "not measured", style="yellow"), "", "", "")
+            s.add_row(x.op, f"{x.bus_factor:.3g}", Text(x.error or "not measured", style="yellow"), "", "", "", "")
             continue
-        s.add_row(x.op, f"{x.bus_factor:.3g}", "-" if x.latency_us is None else ms(x.latency_us / 1e6),
+        spread = "-" if x.latency_min_us is None or x.latency_p90_us is None else \
+            f"{ms(x.latency_min_us / 1e6)} / {ms(x.latency_p90_us / 1e6)}"
+        s.add_row(x.op, f"{x.bus_factor:.3g}", "-" if x.latency_us is None else ms(x.latency_us / 1e6), spread,
                   f"≤ {human_bytes(x.latency_bytes or 0)}", _f(x.peak_busbw_gbps), human_bytes(x.peak_at_bytes or 0))
     c.print(s)
     for ch in r.checks:
@@ -103,9 +112,11 @@ def render_allreduce(r: AllReduceResult, options: RenderOptions = DEFAULT_OPTION
         for col in ("collective", "group", "mean size", "training busbw", "benchmark busbw", "share", "note"):
             t.add_column(col, justify="left" if col in ("collective", "group", "note") else "right")
         for y in r.comparison:
+            bench = _f(y.bench_busbw_gbps) + (" (extrapolated)" if y.basis == "extrapolated" else "")
             t.add_row(y.collective, y.process_group or "-", human_bytes(y.mean_bytes), f"{y.training_busbw_gbps:.2f}",
-                      _f(y.bench_busbw_gbps), "-" if y.ratio is None else pct(y.ratio, 0), y.note)
+                      bench, "-" if y.ratio is None else pct(y.ratio, 0), y.note)
         c.print(t)
+    _notes(c, r.mismatches, "yellow", "warning")
     _notes(c, r.notes)
     return buf.getvalue()
 
@@ -116,14 +127,19 @@ def render_allreduce(r: AllReduceResult, options: RenderOptions = DEFAULT_OPTION
 def render_net(r: NetResult, options: RenderOptions = DEFAULT_OPTIONS) -> str:
     buf = io.StringIO()
     c = _console(buf, options)
-    c.print(Text(f"gpuidle bench net · {r.backend} on {r.device} · {r.world_size} ranks on {r.nodes} node(s) · "
-                 f"links between {r.level}s · latency {human_bytes(r.latency_bytes)}, bandwidth "
-                 f"{human_bytes(r.bytes)} · {r.iters} iterations", style="bold"))
+    threads = "" if r.threads_per_rank is None else f" · {r.threads_per_rank} thread(s) per rank"
+    c.print(Text(f"gpuidle bench net · {r.backend} on {r.device} · {r.world_size} ranks on {r.nodes} node(s){threads}"
+                 f" · links between {r.level}s · latency {human_bytes(r.latency_bytes)}, bandwidth "
+                 f"{human_bytes(r.bytes)} · {r.runs} runs of {r.iters} round trips (median run shown)", style="bold"))
     t = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("link", "hosts", "latency", "bandwidth (GB/s)", ""):
-        t.add_column(col, justify="right" if col in ("latency", "bandwidth (GB/s)") else "left")
+    for col in ("link", "hosts", "latency", "runs: fastest / p90", "bandwidth (GB/s)", ""):
+        t.add_column(col, justify="right" if col in ("latency", "runs: fastest / p90", "bandwidth (GB/s)")
+                     else "left")
     for x in r.links:
-        t.add_row(f"{x.a} ↔ {x.b}", f"{x.host_a} ↔ {x.host_b}", ms(x.latency_us / 1e6), f"{x.bandwidth_gbps:.3f}",
+        spread = "-" if x.latency_min_us is None or x.latency_p90_us is None else \
+            f"{ms(x.latency_min_us / 1e6)} / {ms(x.latency_p90_us / 1e6)}"
+        t.add_row(f"{x.a} ↔ {x.b}", f"{x.host_a} ↔ {x.host_b}", ms(x.latency_us / 1e6), spread,
+                  f"{x.bandwidth_gbps:.3f}",
                   Text(f"slow: {x.why}", style="red") if x.slow else Text("ok", style="green"))
     c.print(t)
     if r.slowest is not None and r.median_bandwidth_gbps is not None:
@@ -223,12 +239,14 @@ def render_storage(r: StorageResult, options: RenderOptions = DEFAULT_OPTIONS) -
                  f"{human_bytes(ls.total_bytes)}, median {human_bytes(ls.median_bytes)}, largest "
                  f"{human_bytes(ls.largest_bytes)}" + (" · page cache dropped" if r.drop_cache else ""), style="bold"))
     t = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("phase", "MB/s", "files/s", "IOPS", "block", "read", "files", "from cache"):
+    for col in ("phase", "MB/s", "files/s", "IOPS", "reads of", "mean read", "reads", "read", "files",
+                "from cache"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     for p in r.phases:
         t.add_row(p.name, _f(p.mb_per_s, ",.1f"), _f(p.files_per_s, ",.0f"), _f(p.iops, ",.0f"),
-                  "whole file" if p.block_bytes is None else human_bytes(p.block_bytes), human_bytes(p.bytes),
-                  f"{p.files:,}", "?" if p.cached_share is None else pct(p.cached_share, 0))
+                  "whole file" if p.block_bytes is None else human_bytes(p.block_bytes),
+                  human_bytes(p.mean_read_bytes), f"{p.reads:,}", human_bytes(p.bytes), f"{p.files:,}",
+                  "?" if p.cached_share is None else pct(p.cached_share, 0))
     c.print(t)
     _notes(c, r.advice, "bold yellow", "advice")
     _notes(c, r.notes)

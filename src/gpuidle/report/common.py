@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from gpuidle.model import Gain, RankReport, Recommendation, Source
+from gpuidle.model import Gain, RankReport, Recommendation, Source, duration
 from gpuidle.report.text import printable
 
 T = TypeVar("T")
@@ -35,13 +35,8 @@ def source_label(source: Source) -> str:
     return f"{source.format} · {FRAMEWORK_NAMES.get(source.framework, source.framework)}"
 
 
-def ms(seconds: float) -> str:
-    v = seconds * 1e3
-    if abs(v) >= 100:
-        return f"{v:,.1f} ms"
-    if abs(v) >= 1:
-        return f"{v:.2f} ms"
-    return f"{v * 1e3:.1f} µs"
+ms = duration
+"""The one duration formatter (``1.52 ms``, ``812.4 µs``), shared with the probes' own reasons."""
 
 
 def pct(share: float, digits: int = 1) -> str:
