@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from gpuidle.advice.frameworks import in_framework
 from gpuidle.advice.rules import recommend, straggler_recommendations
 from gpuidle.advice.whatif import Proposal, plan
 from gpuidle.analysis.idle import attribute_idle
@@ -35,9 +36,10 @@ from gpuidle.model import (
     IdleTimeline,
     Source,
     StepSeries,
+    Timeline,
     UtilizationReport,
 )
-from gpuidle.sources import kineto, tracker
+from gpuidle.sources import kineto, tracker, xplanes, xspace
 from gpuidle.sources.jsonstream import TraceStream
 
 if TYPE_CHECKING:
@@ -47,24 +49,57 @@ if TYPE_CHECKING:
 # Commands import this module whole; what only some of them use (the ledger, counter logs,
 # tracker jobs, comparisons, annotated traces, worker processes) is imported where used.
 
-TRACE_SUFFIXES = (".json", ".json.gz")
+TRACE_SUFFIXES = (".json", ".json.gz", xspace.PB_SUFFIX)
 
 Progress = Callable[[str, int, int], None]
 """``(what, done, total)``: bytes of one file, or files of a job."""
 
 
 def find_trace_files(path: str | Path) -> list[str]:
-    """One file, or the trace files (``*.json``, ``*.json.gz``) directly inside a folder."""
+    """One file, or the trace files of a folder: the hosts' ``*.xplane.pb`` of a JAX/TensorFlow run
+    (in the folder, or the newest run of a log dir's ``plugins/profile/``; the JSON written beside
+    them is the same profile and is left out), else the ``*.json``/``*.json.gz`` directly inside."""
     p = Path(path)
     if not p.exists():
         raise InputNotFound(f"{p}: no such file or folder")
     if p.is_file():
         return [str(p)]
-    files = sorted(str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+    files = xspace.find_profiles(p) or sorted(
+        str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
     if not files:
-        raise InputNotFound(f"{p}: no trace files (*.json, *.json.gz) in this folder",
-                            "point at the folder torch.profiler.tensorboard_trace_handler wrote")
+        raise InputNotFound(f"{p}: no trace files (*.json, *.json.gz, *.xplane.pb) in this folder",
+                            "point at the folder torch.profiler.tensorboard_trace_handler or jax.profiler.trace wrote")
     return files
+
+
+def trace_format(path: str) -> str:
+    """``xspace`` for an XSpace profile (``.pb``, or the Chrome JSON xprof writes from one), else ``kineto``.
+
+    By extension, then by content: a JSON trace whose first processes are XSpace planes
+    (``/host:CPU``, ``/device:GPU:0``) came from an XSpace.
+    """
+    if path.endswith(".pb"):
+        return xspace.FORMAT
+    import gzip
+    import zlib
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+            if head[:2] == b"\x1f\x8b":
+                f.seek(0)
+                head = gzip.GzipFile(fileobj=f).read(1 << 16)
+    except (OSError, EOFError, zlib.error):
+        return kineto.FORMAT  # the reader says what is wrong with it
+    if head.lstrip()[:1] in (b"{", b"["):
+        return xspace.FORMAT if xplanes.is_xspace_json(head) else kineto.FORMAT
+    return xspace.FORMAT if head[:1] == b"\n" else kineto.FORMAT  # XSpace.planes is field 1, length-delimited
+
+
+def read_trace(path: str, progress: Callable[[int, int], None] | None = None) -> Timeline:
+    """One trace file into its timeline, whichever profiler wrote it."""
+    reader = xspace.read if trace_format(path) == xspace.FORMAT else kineto.read
+    return reader(path, progress)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +107,15 @@ class _Outcome:
     path: str
     analysis: RankAnalysis | None
     error: str | None
+    format: str = kineto.FORMAT
+    framework: str | None = None
 
 
-def _analyze_file(path: str) -> _Outcome:
+def _analyze_file(path: str, progress: Progress | None = None) -> _Outcome:
+    on_bytes = (lambda done, total: progress(path, done, total)) if progress else None
     try:
-        return _Outcome(path, summarize_rank(kineto.read(path)), None)
+        tl = read_trace(path, on_bytes)
+        return _Outcome(path, summarize_rank(tl), None, tl.meta.format, tl.meta.framework)
     except GpuidleError as err:
         return _Outcome(path, None, str(err))
 
@@ -84,7 +123,7 @@ def _analyze_file(path: str) -> _Outcome:
 def analyze_file(path: str, progress: Progress | None = None) -> RankAnalysis:
     """One trace file, in this process. Raises :class:`GpuidleError` on bad input."""
     on_bytes = (lambda done, total: progress(path, done, total)) if progress else None
-    return summarize_rank(kineto.read(path, on_bytes))
+    return summarize_rank(read_trace(path, on_bytes))
 
 
 def analyze(
@@ -126,9 +165,12 @@ def analyze(
     reports = [a.report for a in analyses]
     if job is not None:
         proposals.extend(straggler_recommendations(job, reports, include_warmup))
-    recs, combined = plan(proposals, reports, include_warmup)
+    formats = sorted({o.format for o in good})
+    frameworks = {o.framework for o in good} - {None}
+    framework = frameworks.pop() if len(frameworks) == 1 else None
+    recs, combined = plan(in_framework(proposals, framework), reports, include_warmup)
     return AnalysisReport(
-        source=Source(paths=[str(p) for p in paths], format=kineto.FORMAT, skipped=skipped),
+        source=Source(paths=[str(p) for p in paths], format="+".join(formats), skipped=skipped, framework=framework),
         ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
     )
 
@@ -156,10 +198,7 @@ def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 
 
 def _run(files: list[str], workers: int | None, progress: Progress | None) -> list[_Outcome]:
     if len(files) == 1:
-        try:
-            return [_Outcome(files[0], analyze_file(files[0], progress), None)]
-        except GpuidleError as err:
-            return [_Outcome(files[0], None, str(err))]
+        return [_analyze_file(files[0], progress)]
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     n = max(1, min(workers or os.cpu_count() or 1, len(files)))
@@ -267,7 +306,7 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
     waiting into ``straggler_wait`` as in the job report; without it, it stays
     ``communication``.
     """
-    tl = kineto.read(str(path))
+    tl = read_trace(str(path))
     names = NameClasses.of(tl.strings)
     window = step_window(tl, names)
     bounds = window.bounds

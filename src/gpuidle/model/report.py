@@ -276,6 +276,8 @@ class Source(msgspec.Struct):
     paths: list[str]
     format: str
     skipped: list[str] = []
+    framework: str | None = None
+    """``jax``, ``tensorflow`` or ``pytorch`` when the profile says which; the fixes are written for it."""
 
 
 class AnalysisReport(JsonStruct, kw_only=True):

@@ -19,9 +19,10 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 2
+SCHEMA_MINOR = 3
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
-``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability)."""
+``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
+3: ``source.framework``)."""
 
 
 class Cause(enum.StrEnum):
@@ -160,6 +161,8 @@ class TraceMeta:
     """Compute capability per device, ``"major.minor"`` (Kineto ``deviceProperties``; gfx9 on ROCm is ``9.x``)."""
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    framework: str | None = None
+    """The training framework the profile says it came from (``jax``, ``tensorflow``, ``pytorch``); None: unknown."""
 
 
 @dataclass(slots=True)
@@ -174,6 +177,10 @@ class Timeline:
     collectives: CollectiveCalls
     steps: Steps
     meta: TraceMeta
+    handoffs: list[tuple[int, int]] = field(default_factory=list)
+    """(thread, thread) pairs, indices into :attr:`threads`: the first hands work to the second (a Python
+    thread dispatching a compiled program to the thread that runs it and launches its kernels). Profilers
+    that record such flows (XSpace) fill it; a thread handing work to a launching thread feeds the device."""
     devices: list[int] = field(init=False)
     """Device indices with any activity, ascending."""
 
