@@ -244,3 +244,20 @@ def test_host_kinds_of_xla_names() -> None:
     classes = NameClasses.of(names)
     assert classes.sync_call.tolist() == [False, False, True, False, False, False]
     assert classes.data_loading.tolist() == [False, False, False, True, False, False]
+
+
+def test_without_protobuf_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpuidle.sources.xplane as schema
+
+    monkeypatch.delattr(schema, "xplane_pb2", raising=False)
+    monkeypatch.setitem(sys.modules, "gpuidle.sources.xplane.xplane_pb2", None)  # the import fails
+    with pytest.raises(xplanes.ProtobufMissing, match=r"pip install 'gpuidle\[xspace\]'"):
+        read_trace(str(MI300X))
+
+
+def test_annotating_a_protobuf_says_which_file_to_give(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(MI300X), "--no-ledger",
+                          "--annotate", str(tmp_path / "a.json.gz")], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "create_perfetto_trace=True" in out.stderr
+    assert out.stderr.count("\n") == 1

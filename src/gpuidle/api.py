@@ -380,6 +380,10 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     src, dst = Path(path), Path(out)
     if dst.exists() and src.exists() and dst.samefile(src):
         raise GpuidleError(f"{dst}: the annotated trace would overwrite its input", "give another output path")
+    if src.name.endswith(".pb"):
+        raise GpuidleError(f"{src}: annotated traces are written over a Chrome-trace JSON, not a protobuf",
+                           "give the .trace.json.gz that jax.profiler.trace(..., create_perfetto_trace=True) "
+                           "writes beside the .xplane.pb")
     from gpuidle.report import annotate
 
     tl = timeline if timeline is not None else idle_timeline(src)

@@ -188,21 +188,27 @@ def _plane(p: Any, b: _Builder) -> Plane:
     stats = {stat_names.get(s.metadata_id, ""): _stat_value(s, stat_names) for s in p.stats}
     lines = []
     for ln in p.lines:
-        events = [e for e in ln.events if not e.num_occurrences]  # aggregated counts carry no time
+        # one pass per line: every access to an event builds a Python wrapper, so each is touched once
+        off: list[int] = []
+        dur: list[int] = []
+        names: list[int] = []
+        ev_stats: dict[int, dict[str, Any]] = {}
+        for e in ln.events:
+            if e.num_occurrences:  # an aggregated count carries no time
+                continue
+            if kept and (e_stats := e.stats):
+                st = {kept[s.metadata_id]: _stat_value(s, stat_names) for s in e_stats if s.metadata_id in kept}
+                if st:
+                    ev_stats[len(off)] = st
+            off.append(e.offset_ps)
+            dur.append(e.duration_ps)
+            names.append(name_ids.get(e.metadata_id, -1))
         base = ln.timestamp_ns
-        off = np.fromiter((e.offset_ps for e in events), dtype=np.int64, count=len(events))
-        dur = np.fromiter((e.duration_ps for e in events), dtype=np.int64, count=len(events))
-        start = base + off // 1000
-        end = base + (off + np.maximum(dur, 0)) // 1000
-        names = [name_ids.get(e.metadata_id, -1) for e in events]
+        offs = np.asarray(off, dtype=np.int64)
+        start = base + offs // 1000
+        end = base + (offs + np.maximum(np.asarray(dur, dtype=np.int64), 0)) // 1000
         if -1 in names:
             names = [n if n >= 0 else b.intern("") for n in names]
-        ev_stats: dict[int, dict[str, Any]] = {}
-        if kept:
-            for row, e in enumerate(events):
-                st = {kept[s.metadata_id]: _stat_value(s, stat_names) for s in e.stats if s.metadata_id in kept}
-                if st:
-                    ev_stats[row] = st
         lines.append(b.line(int(ln.id), ln.display_name or ln.name, start, end, names, ev_stats))
     return Plane(p.name, stats, lines)
 
