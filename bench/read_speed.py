@@ -8,7 +8,8 @@ alone: ``XSpace.ParseFromString`` plus one pass over every event's fields, the f
 protobuf-based reader), ``kineto`` (gpuidle's Kineto reader on the default Kineto trace and a
 scaled copy) and ``xprof`` (xprof's own trace-viewer conversion of the same .xplane.pb, from
 ``bench/.venv-xprof``; ``--install-xprof`` creates it: xprof is a 32 MB wheel with
-google-cloud-storage and duckdb, so it lives in a venv of its own). Scaled XSpace copies repeat
+google-cloud-storage and duckdb, so it lives in a venv of its own; its trace viewer's output is
+a protobuf, so its events are counted from the input after the clock stops). Scaled XSpace copies repeat
 every line's events k times, shifted by the profile's span, with correlation ids offset so that
 launch links stay unique.
 """
@@ -63,15 +64,25 @@ def _vmhwm() -> int:
     return 0
 
 
+def _input_events(path: str) -> int:
+    """Events in an XSpace file, counted outside the timed part."""
+    from gpuidle.sources.xplane import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(Path(path).read_bytes())
+    return sum(len(ln.events) for p in space.planes for ln in p.lines)
+
+
 def child(tool: str, path: str) -> None:
-    """Measure one read in this process and print one JSON line."""
+    """Measure one read in this process and print one JSON line; ``events``: events in the input
+    (all of an XSpace's; a Kineto trace's kept as timeline rows)."""
     t0 = time.perf_counter()
     if tool == "xspace":
         from gpuidle.sources import xspace
 
         t1 = time.perf_counter()
         tl = xspace.read(path)
-        events = len(tl.device_ops) + len(tl.host)
+        events = _input_events(path)  # counted after the read, for a rate per event read like the others
     elif tool == "kineto":
         from gpuidle.sources import kineto
 
@@ -94,8 +105,12 @@ def child(tool: str, path: str) -> None:
         from xprof.convert import _pywrap_profiler_plugin as plugin  # type: ignore[import-not-found]
 
         t1 = time.perf_counter()
-        data, _ = plugin.xspace_to_tools_data([path], "trace_viewer", {})
-        events = len(json.loads(data).get("traceEvents", []))
+        _trace, ok = plugin.xspace_to_tools_data([path], "trace_viewer", {})
+        t2 = time.perf_counter()
+        if not ok:
+            raise SystemExit(f"xprof could not convert {path}")
+        print(json.dumps({"import_s": t1 - t0, "read_s": t2 - t1, "events": _input_events(path), "maxrss": _vmhwm()}))
+        return
     else:
         raise SystemExit(f"unknown tool {tool}")
     t2 = time.perf_counter()
