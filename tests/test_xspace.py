@@ -22,7 +22,7 @@ from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import step_window
 from gpuidle.api import analyze, find_trace_files, read_trace, trace_format
 from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
-from gpuidle.model import CAUSES, DeviceOpKind, HostKind
+from gpuidle.model import CAUSES, CopyKind, DeviceOpKind, HostKind
 from gpuidle.sources import xplanes, xspace
 
 pytest.importorskip("google.protobuf")
@@ -261,3 +261,56 @@ def test_annotating_a_protobuf_says_which_file_to_give(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert "create_perfetto_trace=True" in out.stderr
     assert out.stderr.count("\n") == 1
+
+
+def _stat(plane: object, event: object, name: str, **value: object) -> None:
+    """Add stat ``name`` to ``event``, registering its metadata in ``plane``."""
+    ids = {m.name: i for i, m in plane.stat_metadata.items()}  # type: ignore[attr-defined]
+    sid = ids.get(name, len(ids) + 1)
+    plane.stat_metadata[sid].id = sid  # type: ignore[attr-defined]
+    plane.stat_metadata[sid].name = name  # type: ignore[attr-defined]
+    event.stats.add(metadata_id=sid, **value)  # type: ignore[attr-defined]
+
+
+def test_hand_built_copies_sets_and_collectives(tmp_path: Path) -> None:
+    """Copies from their CUPTI names and ``memcpy_details`` bytes; NCCL kernels and XLA collective
+    ``hlo_op``s are communication; a launch links by correlation id."""
+    from gpuidle.sources.xplane import xplane_pb2
+
+    space = xplane_pb2.XSpace(hostnames=["node-a"])
+    gpu = space.planes.add(id=1, name="/device:GPU:3")
+    names = ["MemcpyH2D", "Memset", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "fusion_kernel", "loop_add"]
+    for i, n in enumerate(names, 1):
+        gpu.event_metadata[i].id, gpu.event_metadata[i].name = i, n
+    line = gpu.lines.add(id=5, name="Stream #5(Kernel,MemcpyH2D)", timestamp_ns=1_000)
+    for i, (start, end) in enumerate([(0, 10), (20, 25), (30, 60), (70, 90), (100, 130)], 1):
+        e = line.events.add(metadata_id=i, offset_ps=start * 1000, duration_ps=(end - start) * 1000)
+        _stat(gpu, e, "correlation_id", uint64_value=40 + i)
+        if i == 1:
+            _stat(gpu, e, "memcpy_details", str_value="kind_src:pinned kind_dst:device size:4096 async:1")
+        if i == 4:
+            _stat(gpu, e, "hlo_op", str_value="all-reduce-start.2")
+    host = space.planes.add(id=2, name="/host:CPU")
+    host.event_metadata[1].id, host.event_metadata[1].name = 1, "cuLaunchKernel"
+    host.event_metadata[2].id, host.event_metadata[2].name = 2, "PjitFunction(train_step)"
+    api = host.lines.add(id=77, name="77", timestamp_ns=0)
+    py = host.lines.add(id=78, name="python", timestamp_ns=0)
+    py.events.add(metadata_id=2, offset_ps=900 * 1000, duration_ps=300 * 1000)
+    launch = api.events.add(metadata_id=1, offset_ps=1_095 * 1000, duration_ps=3 * 1000)
+    _stat(host, launch, "correlation_id", uint64_value=45)
+    pb = tmp_path / "node-a.xplane.pb"
+    pb.write_bytes(space.SerializeToString())
+    tl = read_trace(str(pb))
+    ops = tl.device_ops
+    assert ops.kind.tolist() == [DeviceOpKind.MEMCPY, DeviceOpKind.MEMSET, DeviceOpKind.COLLECTIVE,
+                                 DeviceOpKind.COLLECTIVE, DeviceOpKind.KERNEL]
+    assert ops.nbytes[0] == 4096
+    assert int(ops.copy_kind[0]) == int(CopyKind.HTOD)
+    assert set(ops.device.tolist()) == {3}
+    assert set(ops.stream.tolist()) == {5}
+    assert (ops.end - ops.start).tolist() == [10, 5, 30, 20, 30]
+    rows = launcher_rows(tl)
+    assert rows.tolist()[:4] == [-1, -1, -1, -1]
+    assert tl.strings[tl.host.name[rows[4]]] == "cuLaunchKernel"
+    assert tl.threads[tl.host.thread[rows[4]]] == ("node-a", "python")  # the API line joins its thread
+    assert tl.meta.framework == "jax"

@@ -51,8 +51,7 @@ class Line:
     step: I64
     """``step_num`` of a step marker; -1 elsewhere."""
     hlo_op: I64
-    """String id of the ``hlo_op`` stat, or of ``module_name``/``hlo_module`` where that is all there is; -1."""
-    hlo_module: I64
+    """String id of the ``hlo_op`` stat (or ``module_name``); -1."""
     nbytes: I64
     producer: I64
     """Flow id this event produces (``_pt``/``_p`` interned), -1 none."""
@@ -99,11 +98,11 @@ class _Builder:
         n = start.size
         self.events += n
         cols = {k: np.full(n, -1, dtype=np.int64) for k in
-                ("corr", "step", "op", "module", "bytes", "producer", "consumer")}
+                ("corr", "step", "op", "bytes", "producer", "consumer")}
         for row, st in stats.items():
             _put(cols, row, st, self)
         return Line(ident, name, start, end, np.asarray(names, dtype=np.int64), cols["corr"], cols["step"],
-                    cols["op"], cols["module"], cols["bytes"], cols["producer"], cols["consumer"])
+                    cols["op"], cols["bytes"], cols["producer"], cols["consumer"])
 
 
 def _int(v: Any) -> int:
@@ -124,8 +123,8 @@ def _put(cols: dict[str, I64], row: int, st: dict[str, Any], b: _Builder) -> Non
     op = st.get(HLO_OP) or st.get(MODULE_NAME)
     if op:
         cols["op"][row] = b.intern(str(op))
-    if st.get(HLO_MODULE):
-        cols["module"][row] = b.intern(str(st[HLO_MODULE]))
+    if st.get(HLO_MODULE):  # interned only: the module names (jit_train_step) tell the framework
+        b.intern(str(st[HLO_MODULE]))
     if MEMCPY_DETAILS in st and (m := _BYTES.search(str(st[MEMCPY_DETAILS]))):
         cols["bytes"][row] = int(m.group(1))
     if "_p" in st:
