@@ -314,3 +314,22 @@ def test_hand_built_copies_sets_and_collectives(tmp_path: Path) -> None:
     assert tl.strings[tl.host.name[rows[4]]] == "cuLaunchKernel"
     assert tl.threads[tl.host.thread[rows[4]]] == ("node-a", "python")  # the API line joins its thread
     assert tl.meta.framework == "jax"
+
+
+def test_jax_json_of_the_gpu_profile_gives_the_same_report(tmp_path: Path) -> None:
+    """jaxlib writes the real MI300X profile as its trace JSON: read from either file, every figure agrees."""
+    if not prof.have("jax"):
+        pytest.skip("jax is not installed (pip install -e '.[profilers]')")
+    run = prof.export_with_jax(MI300X, tmp_path / "logs")
+    (json_trace,) = run.glob("*.trace.json.gz")
+    assert trace_format(str(json_trace)) == "xspace"
+    a, b = analyze([MI300X]), analyze([json_trace])
+    assert b.source.framework == a.source.framework == "jax"
+    (ra,), (rb,) = a.ranks, b.ranks
+    assert rb.step_source == ra.step_source
+    assert rb.window.dur_s == pytest.approx(ra.window.dur_s, abs=1e-9)
+    for da, db in zip(ra.devices, rb.devices, strict=True):
+        assert db.busy_s == pytest.approx(da.busy_s, abs=1e-9)
+        for cause, seconds in da.idle_by_cause_s.items():
+            assert db.idle_by_cause_s[cause] == pytest.approx(seconds, abs=1e-9), cause
+    assert [r.id for r in b.recommendations] == [r.id for r in a.recommendations]

@@ -76,3 +76,21 @@ def add_gpu_plane(pb: Path, out: Path, kernels: list[tuple[int, int]]) -> None:
     for start, end in kernels:
         line.events.add(metadata_id=1, offset_ps=start * 1000, duration_ps=(end - start) * 1000)
     out.write_bytes(space.SerializeToString())
+
+
+EXPORT_SCRIPT = """
+import sys
+from jax._src.lib import _profiler
+session = _profiler.ProfilerSession()
+session.stop()
+session.export(open(sys.argv[2], "rb").read(), sys.argv[1])
+"""
+"""jaxlib's own export of a serialized XSpace: what ``jax.profiler.trace`` writes (``.xplane.pb`` and
+``.trace.json.gz``), here for a profile recorded elsewhere."""
+
+
+def export_with_jax(pb: Path, logdir: Path) -> Path:
+    """The run folder jaxlib writes for ``pb`` (its ``*.trace.json.gz`` is JAX's JSON of that profile)."""
+    subprocess.run([sys.executable, "-c", EXPORT_SCRIPT, str(logdir), str(pb)], check=True, capture_output=True,
+                   timeout=600, env={"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
+    return sorted((logdir / "plugins" / "profile").iterdir())[-1]

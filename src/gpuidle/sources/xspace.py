@@ -15,7 +15,8 @@ files is one job, ranks numbered in host-name order. What each part becomes:
   compiled program (``PjitFunction(...)``, ``EagerExecute``...) and waits
   (``BlockHostUntilReady``, ``block_until_ready``) are runtime calls too; Python-tracer frames
   (``$file.py:N fn``) are dropped except those that load data or wait. Flows (``_p``/``_c``
-  stats) from one thread to another are the timeline's handoffs.
+  stats) from one thread to another are the timeline's handoffs; without flows (the trace JSON
+  has none), each thread dispatching compiled programs hands work to each launching thread.
 - steps: ``step_num`` markers (``jax.profiler.StepTraceAnnotation``,
   ``tf.profiler.experimental.Trace(..., step_num=N, _r=1)``); without them, the repeated calls
   of the longest-running compiled program, with a note.
@@ -267,7 +268,7 @@ def _host_columns(
             parts[key].append(col)
         parts["thread"].append(np.full(ln.start.size, t, dtype=np.int64))
     cols = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in parts.items()}
-    handoffs = _handoffs(cols, threads)
+    handoffs = _handoffs(cols, threads, strings)
     keep = (cols["kind"] != _DROP) & (cols["end"] > cols["start"])
     cols = {k: v[keep] for k, v in cols.items()}
     order = np.lexsort((-cols["end"], cols["start"]))
@@ -304,15 +305,21 @@ def _union(start: I64, end: I64) -> tuple[I64, I64]:
     return s[idx], np.maximum.reduceat(e, idx) if idx.size else e[:0]
 
 
-def _handoffs(cols: dict[str, I64], threads: list[tuple[str, str]]) -> list[tuple[int, int]]:
+def _handoffs(cols: dict[str, I64], threads: list[tuple[str, str]], strings: list[str]) -> list[tuple[int, int]]:
     """(producer thread, consumer thread) of every flow between two threads; input-pipeline threads
-    (``tf_data*``) hand batches, not device work, and are left out."""
+    (``tf_data*``) hand batches, not device work, and are left out. A profile without flows (the
+    trace JSON drops them) hands work from each thread that dispatches compiled programs to each
+    thread that launches device work."""
     prod, cons = cols["producer"] >= 0, cols["consumer"] >= 0
-    if not prod.any() or not cons.any():
-        return []
-    by_flow = dict(zip(cols["producer"][prod].tolist(), cols["thread"][prod].tolist(), strict=True))
-    pairs = {(by_flow[f], t) for f, t in zip(cols["consumer"][cons].tolist(), cols["thread"][cons].tolist(),
-                                             strict=True) if f in by_flow}
+    if prod.any() and cons.any():
+        by_flow = dict(zip(cols["producer"][prod].tolist(), cols["thread"][prod].tolist(), strict=True))
+        pairs = {(by_flow[f], t) for f, t in zip(cols["consumer"][cons].tolist(), cols["thread"][cons].tolist(),
+                                                 strict=True) if f in by_flow}
+    else:
+        dispatch = np.fromiter((bool(DISPATCH.search(s)) for s in strings), dtype=bool, count=len(strings))
+        senders = np.unique(cols["thread"][dispatch[cols["name"]]]).tolist()
+        launchers = np.unique(cols["thread"][cols["corr"] >= 0]).tolist()
+        pairs = {(a, b) for a in senders for b in launchers}
     return sorted((a, b) for a, b in pairs if a != b and not _INPUT_THREAD.match(threads[a][1]))
 
 
