@@ -116,9 +116,27 @@ def _unchanged(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _other_message(_: bytes) -> bytes:
+    """A real protobuf message of another schema."""
+    from google.protobuf import descriptor_pb2
+
+    fd = descriptor_pb2.FileDescriptorProto(name="model.proto", package="acme", dependency=["a.proto"])
+    fd.message_type.append(descriptor_pb2.DescriptorProto(name="Thing"))
+    return fd.SerializeToString()
+
+
+def _planes_of_nothing(_: bytes) -> bytes:
+    """Parses as an XSpace (field 1 holding messages), but names no host or device plane."""
+    from gpuidle.sources.xplane import xplane_pb2
+
+    return xplane_pb2.XSpace(planes=[xplane_pb2.XPlane(name="weights", id=3)]).SerializeToString()
+
+
 @pytest.mark.parametrize(("content", "error"), [
     (lambda real: real[: len(real) // 2], CorruptInput),
     (lambda real: b"\x00\x01not a protobuf at all\xff" * 10, CorruptInput),
+    (_other_message, CorruptInput),
+    (_planes_of_nothing, NotATrace),
 ])
 def test_bad_pb_one_line_exit_2(tmp_path: Path, content: object, error: type) -> None:
     bad = tmp_path / "bad.xplane.pb"

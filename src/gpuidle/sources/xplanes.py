@@ -159,7 +159,7 @@ def read_pb(path: str) -> Space:
     """Decode one ``.xplane.pb``.
 
     :raises CorruptInput: bytes that do not parse as the XSpace message (truncated, another message).
-    :raises NotATrace: a message that parses but holds no planes.
+    :raises NotATrace: a message that parses but holds no host or device plane.
     """
     pb = _xplane_module()
     from google.protobuf.message import DecodeError
@@ -172,7 +172,7 @@ def read_pb(path: str) -> Space:
     except (DecodeError, ValueError, RuntimeError) as err:
         raise CorruptInput(f"{path}: not a readable XSpace protobuf ({err})",
                            "a truncated or foreign .pb; profile again with jax.profiler.trace") from None
-    if not space.planes or not any(p.name for p in space.planes):
+    if not any(p.name.startswith(("/host:", "/device:")) for p in space.planes):
         raise NotATrace(f"{path}: a protobuf message, but no XSpace planes in it",
                         "give the <host>.xplane.pb that jax.profiler / tf.profiler wrote")
     b = _Builder()
