@@ -193,6 +193,11 @@ JAX: dict[str, Wording | None] = {
 WORDINGS: dict[str, dict[str, Wording | None]] = {"tensorflow": TENSORFLOW, "jax": JAX}
 """Per framework, per rule id; a framework absent here (PyTorch) keeps the rules' own texts."""
 
+STRAGGLER = "straggler_rank_"
+"""Straggler fixes (one id per rank) name the input pipeline to check: in the framework's words."""
+INPUT_PIPELINE = {"tensorflow": "its tf.data pipeline (num_parallel_calls, prefetch)",
+                  "jax": "its grain workers (worker_count) and device prefetch"}
+
 
 def in_framework(proposals: list[Proposal], framework: str | None) -> list[Proposal]:
     """The proposals with the framework's titles and fixes; those with no counterpart left out."""
@@ -201,6 +206,10 @@ def in_framework(proposals: list[Proposal], framework: str | None) -> list[Propo
         return proposals
     out = []
     for p in proposals:
+        if p.rec.id.startswith(STRAGGLER):
+            fix = p.rec.fix.replace("its DataLoader workers", INPUT_PIPELINE[framework or ""])
+            out.append(dataclasses.replace(p, rec=msgspec.structs.replace(p.rec, fix=fix)))
+            continue
         if p.rec.id not in table:
             out.append(p)
             continue
