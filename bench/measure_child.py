@@ -6,7 +6,9 @@ is imported up front: the HTA measurement runs in HTA's own virtual environment.
 
     python bench/measure_child.py floor TRACE         # floor_gc: the same, garbage collector on
     python bench/measure_child.py gpuidle PATH [gpuidle analyze options...]
+    python bench/measure_child.py gpuidle_error PATH   # the same, for a file it must refuse (exit 2)
     python bench/measure_child.py hta TRACE_DIR
+    python bench/measure_child.py read TRACE          # the reader alone (api.read_timelines), any format
 
 Printed: ``tool``, ``import_s`` (importing the tool), ``work_s`` (the measured work,
 imports excluded), ``maxrss`` (peak RSS of this process, bytes: ``VmHWM``, the
@@ -68,7 +70,7 @@ def _floor(path: str, collect: bool = False) -> tuple[float, float, dict[str, ob
                               "work_cpu_s": time.process_time() - c1}
 
 
-def _gpuidle(path: str, extra: list[str]) -> tuple[float, float, dict[str, object]]:
+def _gpuidle(path: str, extra: list[str], expect: int = 0) -> tuple[float, float, dict[str, object]]:
     """``gpuidle analyze PATH --json``, through the command line's own entry point."""
     t0 = time.perf_counter()
     import gpuidle
@@ -78,8 +80,8 @@ def _gpuidle(path: str, extra: list[str]) -> tuple[float, float, dict[str, objec
     base = _rss_now()
     rc = main(["analyze", path, "--json", "--out", os.devnull, "--no-progress", *extra])
     t2 = time.perf_counter()
-    if rc != 0:
-        raise SystemExit(f"gpuidle analyze exited {rc}")
+    if rc != expect:
+        raise SystemExit(f"gpuidle analyze exited {rc}, not {expect}")
     return t1 - t0, t2 - t1, {"base_rss": base, "gpuidle_from": os.path.dirname(gpuidle.__file__),
                               "work_cpu_s": time.process_time() - c1}
 
@@ -103,6 +105,21 @@ def _hta(trace_dir: str) -> tuple[float, float, dict[str, object]]:
                               "temporal_rows": len(temporal), "idle_rows": len(idle)}
 
 
+def _read(path: str) -> tuple[float, float, dict[str, object]]:
+    """The reader alone: the file into Timelines (every rank), no analysis."""
+    t0 = time.perf_counter()
+    from gpuidle.api import read_timelines
+    t1 = time.perf_counter()
+    c1 = time.process_time()
+    base = _rss_now()
+    timelines = read_timelines(path)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, {"base_rss": base, "work_cpu_s": time.process_time() - c1,
+                              "format": timelines[0].meta.format, "ranks": len(timelines),
+                              "device_ops": sum(len(t.device_ops) for t in timelines),
+                              "host_events": sum(len(t.host) for t in timelines)}
+
+
 def main(argv: list[str]) -> int:
     tool, path, extra = argv[0], argv[1], argv[2:]
     if tool == "floor":
@@ -111,8 +128,12 @@ def main(argv: list[str]) -> int:
         imp, work, info = _floor(path, collect=True)
     elif tool == "gpuidle":
         imp, work, info = _gpuidle(path, extra)
+    elif tool == "gpuidle_error":
+        imp, work, info = _gpuidle(path, extra, expect=2)
     elif tool == "hta":
         imp, work, info = _hta(path)
+    elif tool == "read":
+        imp, work, info = _read(path)
     else:
         raise SystemExit(f"unknown tool {tool!r}")
     me = resource.getrusage(resource.RUSAGE_SELF)

@@ -55,7 +55,7 @@ def own_cost(steps: int = 20_000, repeats: int = 3) -> float:
 
 
 def _own_cost(steps: int) -> float:
-    from gpuidle.live.torch import StepTracker
+    from gpuidle.live.tracker import StepTracker
 
     with tempfile.TemporaryDirectory() as d:
         tr = StepTracker(d, device_clock=None, log=lambda _: None, log_every=None)
@@ -84,7 +84,7 @@ def rank_side(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from gpuidle.live import workload
-    from gpuidle.live.torch import StepTracker
+    from gpuidle.live.tracker import StepTracker
 
     wargs = workload.parser().parse_args(["--steps", str(args.block + 1), "--device-ms", str(args.device_ms),
                                           "--batch", str(args.batch), "--width", str(args.width)])

@@ -12,12 +12,12 @@ import threading
 from collections import namedtuple
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 import pytest
 
+from fake_pynvml import fake_pynvml
 from gpuidle.cli import live as cli_live
 from gpuidle.cli import main
 from gpuidle.errors import GpuidleError
@@ -332,81 +332,6 @@ def test_dcgm_values_join_the_next_sample_once() -> None:
 # ----------------------------------------------------------------------------------
 
 
-class FakeNVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(value)
-        self.value = value
-
-    def __str__(self) -> str:
-        return {12: "NVML Shared Library Not Found"}.get(self.value, f"error {self.value}")
-
-
-def fake_pynvml(init_error: int | None = None) -> SimpleNamespace:
-    calls: dict[str, int] = {}
-    counters = {0: {197: 0.0, 198: 0.0, 138: 0.0, 139: 0.0}}
-
-    def counted(name: str, fn: Any) -> Any:
-        def wrapper(*args: Any) -> Any:
-            calls[name] = calls.get(name, 0) + 1
-            return fn(*args)
-        return wrapper
-
-    def init() -> None:
-        if init_error is not None:
-            raise FakeNVMLError(init_error)
-
-    def not_supported(h: int) -> int:
-        if h == 1:
-            raise FakeNVMLError(3)
-        return 0x4
-
-    def power(h: int) -> int:
-        if h == 1:
-            raise FakeNVMLError(999)  # a passing error: asked again next time
-        return 250_000
-
-    def fields(h: int, wanted: list[tuple[int, int]]) -> list[SimpleNamespace]:
-        out = []
-        for fid, scope in wanted:
-            if h == 1 or fid not in counters[0]:
-                out.append(SimpleNamespace(fieldId=fid, scopeId=scope, nvmlReturn=3, valueType=3,
-                                           value=SimpleNamespace(ullVal=0)))
-            else:
-                out.append(SimpleNamespace(fieldId=fid, scopeId=scope, nvmlReturn=0, valueType=3,
-                                           value=SimpleNamespace(ullVal=int(counters[0][fid]))))
-        return out
-
-    ns = SimpleNamespace(
-        NVMLError=FakeNVMLError, NVML_ERROR_NOT_SUPPORTED=3, NVML_ERROR_FUNCTION_NOT_FOUND=13,
-        NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, NVML_TEMPERATURE_GPU=0, NVML_PCIE_UTIL_TX_BYTES=0,
-        NVML_PCIE_UTIL_RX_BYTES=1, NVML_FI_DEV_PCIE_COUNT_TX_BYTES=197, NVML_FI_DEV_PCIE_COUNT_RX_BYTES=198,
-        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=138, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=139,
-        nvmlInit=init, nvmlShutdown=lambda: None,
-        nvmlDeviceGetCount=lambda: 2,
-        nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetName=lambda h: b"Fake GPU",
-        nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
-        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=16 * 1024 * MIB, used=(h + 1) * 1024 * MIB),
-        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=90 + h, memory=40),
-        nvmlDeviceGetClockInfo=lambda h, kind: 1410 if kind == 1 else 1593,
-        nvmlDeviceGetPowerUsage=power,
-        nvmlDeviceGetEnforcedPowerLimit=lambda h: 400_000,
-        nvmlDeviceGetTemperature=lambda h, sensor: 60,
-        nvmlDeviceGetCurrentClocksEventReasons=not_supported,
-        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x40,
-        nvmlDeviceGetFieldValues=fields,
-        nvmlDeviceGetComputeRunningProcesses=lambda h: [SimpleNamespace(pid=7), SimpleNamespace(pid=3)],
-        nvmlDeviceGetPcieThroughput=lambda h, counter: 2048 if counter == 0 else 1024,
-        nvmlSystemGetDriverVersion=lambda: b"550.90.07",
-    )
-    for name in list(vars(ns)):
-        if name.startswith("nvml"):
-            setattr(ns, name, counted(name, getattr(ns, name)))
-    ns.calls = calls
-    ns.counters = counters
-    return ns
-
-
 @pytest.fixture
 def fresh_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     monkeypatch.setattr(nvml, "_lib", None)
@@ -497,6 +422,21 @@ def test_monitor_command_with_a_recorded_backend(tmp_path: Path, monkeypatch: py
     assert "3 samples written" in captured.err
     lines = log.read_text().splitlines()
     assert [json.loads(x)["type"] for x in lines] == ["header", "sample", "sample", "sample", "end"]
+
+
+def test_monitor_as_an_exporter_only_writes_no_log(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """With no --out, no summary and no ledger, a long-running exporter keeps nothing on disk."""
+    backend = RecordedBackend([[full_sample(0, 95.0)]])
+    monkeypatch.setattr(cli_live, "GPU_BACKEND", lambda: backend)
+    monkeypatch.setattr(cli_live, "HOST_BACKEND", lambda pid: FakeHost())
+    opened: list[str] = []
+    monkeypatch.setattr(cli_live, "JsonlWriter", lambda path: opened.append(path))
+    assert main(["monitor", "--count", "3", "--interval", "0.1", "--no-summary", "--no-ledger", "--quiet"]) == 0
+    assert opened == []
+    assert len(backend.at) == 3
+    assert backend.closed
+    assert capsys.readouterr().out == ""
 
 
 def test_monitor_without_nvml_is_one_line(monkeypatch: pytest.MonkeyPatch,

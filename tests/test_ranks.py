@@ -17,8 +17,8 @@ US = 1e-6
 ALLREDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
 
 
-def two_ranks(tmp_path: Path, late_by: float = 300, steps: int = 2) -> AnalysisReport:
-    """Rank 1 loads data ``late_by`` µs longer each step; the all-reduce moves 1 MiB in 300 µs."""
+def two_ranks(tmp_path: Path, late_by: float = 300, steps: int = 2, nelems: int = 262144) -> AnalysisReport:
+    """Rank 1 loads data ``late_by`` µs longer each step; the all-reduce moves 1 MiB (``nelems`` floats) in 300 µs."""
     for rank in (0, 1):
         t = Trace(rank=rank, world=2)
         for s in range(steps):
@@ -29,8 +29,8 @@ def two_ranks(tmp_path: Path, late_by: float = 300, steps: int = 2) -> AnalysisR
                 t.annotation("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", base, load)
             t.launch(at=base + load, call_dur=10, start=base + load + 10, dur=490)
             t.op("record_param_comms", base + load + 20, 20, **{
-                "Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": 262144,
-                "Out msg nelems": 262144, "dtype": "Float", "Group size": 2})
+                "Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": nelems,
+                "Out msg nelems": nelems, "dtype": "Float", "Group size": 2})
             ar_start = base + load + 500
             ar_end = base + late_by + 800  # ends together on both ranks
             t.launch(at=base + load + 25, call_dur=5, start=ar_start, dur=ar_end - ar_start, stream=20,
@@ -83,6 +83,19 @@ def test_straggler_wait_is_not_communication(tmp_path: Path) -> None:
     # all-reduce compressed away: 300 + 245 + 150 µs
     assert report.combined is not None
     assert report.combined.step_s_saved == pytest.approx((300 + 245 + 150) * US)
+
+
+@pytest.mark.parametrize(("nelems", "compress"), [(262144, True), (16384, False)])
+def test_compression_only_for_bandwidth_bound_all_reduces(tmp_path: Path, nelems: int, compress: bool) -> None:
+    # 1 MiB per all-reduce is past the latency-bound range: halving the bytes halves the exposed time;
+    # 64 KiB is latency-bound, and compressing it would save next to nothing
+    report = two_ranks(tmp_path, late_by=0, steps=6, nelems=nelems)
+    ids = [r.id for r in report.recommendations]
+    assert ("comm_compression" in ids) is compress
+    if compress:
+        rec = next(r for r in report.recommendations if r.id == "comm_compression")
+        assert rec.evidence["mean_message_mib"] == pytest.approx(nelems * 4 / 2**20)
+        assert rec.gain.step_s_saved == pytest.approx(300 / 2 * US)
 
 
 def test_too_few_steps_to_name_a_straggler(tmp_path: Path) -> None:

@@ -122,3 +122,32 @@ def test_prometheus_points_out_of_range_are_skipped(tmp_path: Path) -> None:
     assert s.devices[0].t.tolist() == [0.0, 15.0, 30.0, 45.0]
     assert np.isnan(s.devices[0].col("util_pct")).tolist() == [False, True, False, True]
     assert any("2 unreadable" in n for n in s.notes)
+
+
+def test_prometheus_export_of_gpuidle_metrics_reads_back_into_the_columns(tmp_path: Path) -> None:
+    """gpuidle's own exporter names (ratios, bytes, hertz) read back into %, MiB and MHz."""
+    labels = {"gpu": "1", "UUID": "GPU-b", "modelName": "NVIDIA A100-SXM4-80GB", "Hostname": "node-7",
+              "job": "train-42", "rank": "3", "instance": "node-7:9400"}
+    series = {
+        "gpuidle_gpu_utilization_ratio": ["0.25", "0.5"],
+        "gpuidle_gpu_memory_used_bytes": [str(3 * 1024 * MIB), str(5 * 1024 * MIB)],
+        "gpuidle_gpu_memory_total_bytes": [str(80 * 1024 * MIB)] * 2,
+        "gpuidle_gpu_sm_clock_hertz": ["1410000000", "1005000000"],
+        "gpuidle_gpu_pcie_rx_bytes_per_second": [str(512 * MIB), "0"],
+        "gpuidle_gpu_power_watts": ["301.5", "NaN"],
+        "gpuidle_host_memory_used_bytes": ["1e9", "2e9"],  # a host series: no gpu label, not a device
+    }
+    result = [{"metric": {"__name__": name, **labels}, "values": [[1000, v[0]], [1005, v[1]]]}
+              for name, v in series.items()]
+    p = tmp_path / "q.json"
+    p.write_text(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}))
+    s = smi.read(p)
+    (d,) = s.devices
+    assert (d.device, d.name, d.t.tolist()) == (1, "NVIDIA A100-SXM4-80GB", [0.0, 5.0])
+    np.testing.assert_allclose(d.col("util_pct"), [25.0, 50.0])
+    np.testing.assert_allclose(d.col("mem_used_mib"), [3072.0, 5120.0])
+    np.testing.assert_allclose(d.col("mem_total_mib"), [81920.0, 81920.0])
+    np.testing.assert_allclose(d.col("sm_clock_mhz"), [1410.0, 1005.0])
+    np.testing.assert_allclose(d.col("pcie_rx_mib_s"), [512.0, 0.0])
+    assert d.col("power_w")[0] == 301.5
+    assert np.isnan(d.col("power_w")[1])

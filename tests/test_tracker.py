@@ -17,7 +17,8 @@ from gpuidle.analysis.series import HOST_TIMED_NOTE, rank_report, split_steps, s
 from gpuidle.api import analyze
 from gpuidle.cli import main
 from gpuidle.errors import CorruptInput, GpuidleError, NotATrace
-from gpuidle.live.torch import HostClock, Marker, StepTracker, batch_size, timed_hook
+from gpuidle.live.tracker import HostClock, Marker, StepTracker, batch_size, timed_hook
+from gpuidle.live.tracker.ddp import comm_times
 from gpuidle.model import CAUSES, TRACKER_SUMMARY, StepSeries
 from gpuidle.report.jsonout import load_report
 from gpuidle.sources import tracker as reader
@@ -346,10 +347,41 @@ def test_bucket_times_union_and_exposed(tmp_path: Path) -> None:
     c_ready = at(5 * MS)
     b_done = at(6 * MS)
     c_done = at(9 * MS)
-    union, exposed = tr._comm_times([[a_ready, a_done, 0], [b_ready, b_done, 0], [c_ready, c_done, 0]])
+    union, exposed = comm_times(host, [[a_ready, a_done, 0], [b_ready, b_done, 0], [c_ready, c_done, 0]])
     assert union == 9 * MS
     assert exposed == 4 * MS  # the last bucket was ready at 5 ms, the last done at 9 ms
     tr.close()
+
+
+def _swept(spans_us: list[tuple[int, int]]) -> tuple[int, int]:
+    """Reference: a tick per µs. Communication runs in a tick some bucket's [ready, done) covers;
+    exposed are those ticks after the last bucket was handed over (no gradient is computed then)."""
+    end = max(b for _, b in spans_us)
+    running = np.zeros(end, dtype=bool)
+    for a, b in spans_us:
+        running[a:b] = True
+    last_ready = max(a for a, _ in spans_us)
+    return int(running.sum()) * 1000, int(running[last_ready:].sum()) * 1000
+
+
+@pytest.mark.parametrize("spans_us", [
+    [(0, 3_000), (2_000, 6_000), (5_000, 9_000)],  # buckets overlapping backward, in order
+    [(0, 30_000), (10_000, 31_000)],  # a heavy early bucket: the last one waits behind it in the queue
+    [(0, 40_000), (10_000, 12_000)],  # the heavy early bucket ends after the last one
+    [(1_000, 2_000), (4_000, 5_000), (9_000, 25_000)],  # gaps between, then a heavy last bucket
+    [(7_000, 18_000)],  # one bucket: everything after it was handed over
+])
+def test_bucket_booking_agrees_with_a_sweep(spans_us: list[tuple[int, int]]) -> None:
+    clk = FakeClock()
+    host = HostClock(clk)
+    t0 = clk.t
+
+    def mark(us: int) -> Marker:
+        clk.t = t0 + us * 1000
+        return host.mark()
+
+    buckets: list[list[object]] = [[mark(a), mark(b), 0] for a, b in spans_us]
+    assert comm_times(host, buckets) == _swept(spans_us)
 
 
 def test_straggler_split_is_the_excess_over_the_last_rank() -> None:
@@ -634,3 +666,88 @@ def test_no_ledger_record_when_asked(tmp_path: Path) -> None:
     _loop(tr, clk, None, steps=2, run_ns=0)
     tr.close()
     assert not book.exists()
+
+
+def test_the_ledger_record_carries_utilization_step_time_and_gpu_count(tmp_path: Path) -> None:
+    from gpuidle.ledger import Ledger
+
+    book = tmp_path / "ledger.sqlite"
+    clk = FakeClock()
+    tr = StepTracker(tmp_path / "run", device_clock=None, clock=clk, log_every=None, log=lambda _: None, ledger=book)
+    _loop(tr, clk, None, steps=5, run_ns=0)
+    tr.close()
+    with Ledger(book) as ledger:
+        (run,) = ledger.runs()
+    # by hand: 8 ms steps of which forward + backward + optimizer are 2 + 3 + 1 ms of host time
+    assert run.step_s == pytest.approx(0.008)
+    assert run.utilization == pytest.approx(6 / 8)
+    assert run.gpu_count == 1
+
+
+# ----------------------------------------------------------------------------------
+# Runs that end early, and what their logs say
+# ----------------------------------------------------------------------------------
+
+
+def test_profiling_without_cuda_warns_that_the_traces_have_no_device(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    lines: list[str] = []
+    tr = StepTracker(tmp_path, device_clock=None, log=lines.append, log_every=None, ledger=False)
+    tr.profile(range(2, 3))
+    assert any("no device activity" in line for line in lines)
+    for x in tr.loader([torch.zeros(2, 2) for _ in range(5)]):
+        with tr.phase("forward"):
+            x.sum()
+        tr.step()
+    report = tr.close()
+    assert report is not None
+    assert any("no device activity" in n for n in report.ranks[0].notes)
+
+
+def _two_ranks_with_buckets(out: Path, steps: int, every: int) -> StepTracker:
+    """Rank 0 of two in one process (the other rank's rows are a copy), DDP buckets timed every step."""
+    clk = FakeClock()
+    tr = StepTracker(out, device_clock=None, clock=clk, every=every, gather=lambda rows: np.stack([rows, rows]),
+                     rank=0, world_size=2, log=lambda _: None, ledger=False)
+    for _ in range(steps):
+        with tr.phase("backward"):
+            clk.add(4 * MS)
+            entry = tr._bucket_ready(torch.zeros(256))
+            clk.add(3 * MS)
+            tr._bucket_done(entry)
+        tr.step()
+    return tr
+
+
+def test_a_run_stopped_before_close_has_no_false_communication_note(tmp_path: Path) -> None:
+    tr = _two_ranks_with_buckets(tmp_path, steps=10, every=5)  # killed here: no close(), no end line
+    (rank,) = analyze([tmp_path]).ranks
+    assert any("no end line" in n for n in rank.notes)
+    assert not any("communication not timed" in n for n in rank.notes)
+    assert rank.communication.exposed_s == pytest.approx(10 * 0.003)
+    tr._file.close()
+
+
+def test_a_tracker_log_with_only_a_header_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clk = FakeClock()
+    tr = StepTracker(tmp_path, device_clock=None, clock=clk, every=50, log=lambda _: None, ledger=False)
+    _loop(tr, clk, None, steps=3, run_ns=0)  # killed before the first exchange wrote a step
+    tr._file.close()
+    assert main(["analyze", str(tmp_path), "--no-ledger"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("gpuidle: error:")
+    assert "without steps" in err[0]
+    assert "every 50 steps" in err[0]
+
+
+def test_a_tracker_closed_before_any_step_writes_no_summary(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    lines: list[str] = []
+    tr = StepTracker(tmp_path, device_clock=None, log=lines.append, ledger=False)
+    assert tr.close() is None
+    assert not (tmp_path / TRACKER_SUMMARY).exists()
+    assert "no step was recorded" in lines[-1]
+    assert main(["analyze", str(tmp_path), "--no-ledger"]) == 2
+    assert "without steps" in capsys.readouterr().err

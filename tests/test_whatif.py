@@ -210,6 +210,7 @@ def test_no_tensor_core_claim_on_pascal(tmp_path: Path) -> None:
 
 
 def test_rocm_wording(tmp_path: Path) -> None:
+    from gpuidle.report.html import HtmlRenderer
     from gpuidle.report.terminal import TerminalRenderer
 
     props, _ = DEVICES["mi300x"]
@@ -219,9 +220,10 @@ def test_rocm_wording(tmp_path: Path) -> None:
         t.step(n + 1, base, 1000)
         t.launch(at=base, call_dur=10, start=base + 10, dur=300, name=ELEMENTWISE)
         t.launch(at=base + 20, call_dur=10, start=base + 400, dur=300, name=ALLREDUCE, stream=20)
-    text = TerminalRenderer().render(analyze([t.write(tmp_path / "amd.json.gz")]))
-    assert "rocm-smi would count" in text
-    assert "nvidia-smi" not in text
+    report = analyze([t.write(tmp_path / "amd.json.gz")])
+    for text in (TerminalRenderer().render(report), HtmlRenderer().render(report)):
+        assert "rocm-smi would count" in text
+        assert "nvidia-smi" not in text
 
 
 def no_cpu_events(tmp_path: Path) -> Path:
@@ -252,3 +254,11 @@ def test_the_profiler_arguments_exist() -> None:
     params = inspect.signature(torch.profiler.profile.__init__).parameters
     assert {"activities", "schedule", "record_shapes", "with_stack", "on_trace_ready"} <= set(params)
     assert {"CPU", "CUDA"} <= set(torch.profiler.ProfilerActivity.__members__)
+
+
+def test_falling_utilization_is_told_with_digits_that_differ() -> None:
+    from gpuidle.advice.whatif import _distinct_percents
+
+    assert _distinct_percents(0.70412, 0.58201) == ("70.4", "58.2")
+    assert _distinct_percents(0.005123, 0.004812) == ("0.51", "0.48")
+    assert _distinct_percents(0.5, 0.5) == ("50.000", "50.000")

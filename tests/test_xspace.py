@@ -20,13 +20,18 @@ from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import step_window
-from gpuidle.api import analyze, find_trace_files, read_trace, trace_format
+from gpuidle.api import analyze, find_trace_files, is_xspace, read_timelines
 from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
-from gpuidle.model import CAUSES, CopyKind, DeviceOpKind, HostKind
+from gpuidle.model import CAUSES, CopyKind, DeviceOpKind, HostKind, Timeline
 from gpuidle.sources import xplanes, xspace
 
 pytest.importorskip("google.protobuf")
 MI300X = DATA / "jax08_conv_mi300x8__tw003.xplane.pb"
+
+
+def read_trace(path: str) -> Timeline:
+    (tl,) = read_timelines(path)
+    return tl
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +103,8 @@ def test_real_profile_links_launches_and_merges_api_threads() -> None:
 
 
 def test_format_detection_and_folders(tmp_path: Path) -> None:
-    assert trace_format(str(MI300X)) == "xspace"
-    assert trace_format(str(DATA / "nccl_parser_config__nccl_data.json.gz")) == "kineto"
+    assert is_xspace(str(MI300X))
+    assert not is_xspace(str(DATA / "nccl_parser_config__nccl_data.json.gz"))
     run = tmp_path / "logs" / "plugins" / "profile" / "2026_01_01_00_00_00"
     run.mkdir(parents=True)
     shutil.copy(MI300X, run / "host-a.xplane.pb")
@@ -205,7 +210,7 @@ def test_jax_trace_json_holds_the_same_events(jax_run: Path) -> None:
     (pb,) = jax_run.glob("*.xplane.pb")
     json_files = sorted(jax_run.glob("*.trace.json.gz"))
     assert json_files
-    assert trace_format(str(json_files[0])) == "xspace"
+    assert is_xspace(str(json_files[0]))
     a, b = xplanes.read_pb(str(pb)), xplanes.read_json(str(json_files[0]))
     steps_a = sorted(int(s) for p in a.planes for ln in p.lines for s in ln.step[ln.step >= 0])
     steps_b = sorted(int(s) for p in b.planes for ln in p.lines for s in ln.step[ln.step >= 0])
@@ -273,14 +278,19 @@ def test_without_protobuf_the_error_names_the_extra(monkeypatch: pytest.MonkeyPa
         read_trace(str(MI300X))
 
 
-def test_annotating_a_protobuf_says_which_file_to_give(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(MI300X), "--no-ledger",
-                          "--annotate", str(tmp_path / "a.json.gz")], capture_output=True, text=True)
-    assert out.returncode == 2
-    assert "create_perfetto_trace=True" in out.stderr
-    assert out.stderr.count("\n") == 1
+def test_annotating_a_protobuf_writes_its_timeline_with_the_idle_track(tmp_path: Path) -> None:
+    out = tmp_path / "a.json.gz"
+    done = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(MI300X), "--no-ledger",
+                           "--annotate", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    import gzip
+    import json
 
-
+    events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    idle = [e for e in events if e.get("ph") == "X" and str(e.get("pid", "")).startswith("gpuidle")]
+    assert len(kernels) == len(read_trace(str(MI300X)).device_ops)
+    assert idle
 def _stat(plane: object, event: object, name: str, **value: object) -> None:
     """Add stat ``name`` to ``event``, registering its metadata in ``plane``."""
     ids = {m.name: i for i, m in plane.stat_metadata.items()}  # type: ignore[attr-defined]
@@ -340,7 +350,7 @@ def test_jax_json_of_the_gpu_profile_gives_the_same_report(tmp_path: Path) -> No
         pytest.skip("jax is not installed (pip install -e '.[profilers]')")
     run = prof.export_with_jax(MI300X, tmp_path / "logs")
     (json_trace,) = run.glob("*.trace.json.gz")
-    assert trace_format(str(json_trace)) == "xspace"
+    assert is_xspace(str(json_trace))
     a, b = analyze([MI300X]), analyze([json_trace])
     assert b.source.framework == a.source.framework == "jax"
     (ra,), (rb,) = a.ranks, b.ranks

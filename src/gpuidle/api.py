@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from gpuidle.advice.cuda import CUDA_APPLICATION, for_cuda
 from gpuidle.advice.frameworks import in_framework
 from gpuidle.advice.rules import recommend, straggler_recommendations
 from gpuidle.advice.whatif import Proposal, plan
@@ -39,7 +41,7 @@ from gpuidle.model import (
     Timeline,
     UtilizationReport,
 )
-from gpuidle.sources import kineto, tracker, xplanes, xspace
+from gpuidle.sources import kineto, nsys_db, tracker, xplanes, xspace
 from gpuidle.sources.jsonstream import TraceStream
 
 if TYPE_CHECKING:
@@ -49,40 +51,68 @@ if TYPE_CHECKING:
 # Commands import this module whole; what only some of them use (the ledger, counter logs,
 # tracker jobs, comparisons, annotated traces, worker processes) is imported where used.
 
-TRACE_SUFFIXES = (".json", ".json.gz", xspace.PB_SUFFIX)
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", *nsys_db.REPORT_SUFFIXES, xspace.PB_SUFFIX)
 
 Progress = Callable[[str, int, int], None]
 """``(what, done, total)``: bytes of one file, or files of a job."""
 
 
 def find_trace_files(path: str | Path) -> list[str]:
-    """One file, or the trace files of a folder: the hosts' ``*.xplane.pb`` of a JAX/TensorFlow run
-    (in the folder, or the newest run of a log dir's ``plugins/profile/``; the JSON written beside
-    them is the same profile and is left out), else the ``*.json``/``*.json.gz`` directly inside."""
+    """One file, or the trace files (``*.json``, ``*.json.gz``, Nsight ``*.sqlite``/``*.nsys-rep``) directly
+    inside a folder; for a JAX/TensorFlow run, its hosts' ``*.xplane.pb`` (in the folder, or the newest
+    run of a log dir's ``plugins/profile/``; the trace JSON written beside them is the same profile).
+
+    A path that is neither a regular file nor a folder (a FIFO, a device), or that cannot be
+    read, is a one-line error; inside a folder only regular files are taken.
+    """
     p = Path(path)
-    if not p.exists():
-        raise InputNotFound(f"{p}: no such file or folder")
-    if p.is_file():
-        return [str(p)]
-    files = xspace.find_profiles(p) or sorted(
-        str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+    try:
+        mode = p.stat().st_mode
+        if stat.S_ISREG(mode):
+            return [str(p)]
+        if not stat.S_ISDIR(mode):
+            raise InputNotFound(f"{p}: not a regular file or folder",
+                                "give a trace file (.json, .json.gz, Nsight .sqlite/.nsys-rep) or a folder of them")
+        files = xspace.find_profiles(p) or sorted(
+            str(f) for f in p.iterdir() if f.name.endswith(TRACE_SUFFIXES) and _is_regular(f))
+    except FileNotFoundError:
+        raise InputNotFound(f"{p}: no such file or folder") from None
+    except OSError as err:
+        raise InputNotFound(f"{p}: cannot read ({err.strerror})") from None
     if not files:
-        raise InputNotFound(f"{p}: no trace files (*.json, *.json.gz, *.xplane.pb) in this folder",
+        raise InputNotFound(f"{p}: no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, *.xplane.pb) "
+                            "in this folder",
                             "point at the folder torch.profiler.tensorboard_trace_handler or jax.profiler.trace wrote")
     return files
 
 
-def trace_format(path: str) -> str:
-    """``xspace`` for an XSpace profile (``.pb``, or the Chrome JSON xprof writes from one), else ``kineto``.
+def is_nsys(path: str | Path) -> bool:
+    """An Nsight Systems export (SQLite, told by its magic header) or report (``.nsys-rep``)."""
+    return nsys_db.is_report(path) or nsys_db.is_sqlite(path)
 
-    By extension, then by content: a JSON trace whose first processes are XSpace planes
-    (``/host:CPU``, ``/device:GPU:0``) came from an XSpace.
+
+def read_timelines(path: str, progress: Callable[[int, int], None] | None = None) -> list[Timeline]:
+    """The timelines of one trace file, one per rank, its format told by its content.
+
+    A Kineto trace or an XSpace profile (one host) is one rank; an Nsight Systems export can hold several.
     """
-    if path.endswith(".pb"):
-        return xspace.FORMAT
+    if is_nsys(path):
+        from gpuidle.sources import nsys
+
+        return nsys.read(path)
+    if is_xspace(path):
+        return [xspace.read(path, progress)]
+    return [kineto.read(path, progress)]
+
+
+def is_xspace(path: str | Path) -> bool:
+    """An XSpace profile (JAX, TensorFlow): ``*.pb``, a protobuf whose first field is a plane, or the
+    Chrome JSON xprof writes from one (its first processes are XSpace planes, ``/host:CPU``)."""
     import gzip
     import zlib
 
+    if str(path).endswith(".pb"):
+        return True
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16)
@@ -90,16 +120,17 @@ def trace_format(path: str) -> str:
                 f.seek(0)
                 head = gzip.GzipFile(fileobj=f).read(1 << 16)
     except (OSError, EOFError, zlib.error):
-        return kineto.FORMAT  # the reader says what is wrong with it
+        return False  # the Kineto reader says what is wrong with it
     if head.lstrip()[:1] in (b"{", b"["):
-        return xspace.FORMAT if xplanes.is_xspace_json(head) else kineto.FORMAT
-    return xspace.FORMAT if head[:1] == b"\n" else kineto.FORMAT  # XSpace.planes is field 1, length-delimited
+        return xplanes.is_xspace_json(head)
+    return head[:1] == b"\n"  # XSpace.planes: field 1, length-delimited
 
 
-def read_trace(path: str, progress: Callable[[int, int], None] | None = None) -> Timeline:
-    """One trace file into its timeline, whichever profiler wrote it."""
-    reader = xspace.read if trace_format(path) == xspace.FORMAT else kineto.read
-    return reader(path, progress)
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return True  # listed but unreadable: reading it says why, and the folder goes on without it
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,19 +142,19 @@ class _Outcome:
     framework: str | None = None
 
 
-def _analyze_file(path: str, progress: Progress | None = None) -> _Outcome:
-    on_bytes = (lambda done, total: progress(path, done, total)) if progress else None
+def _outcomes(path: str, progress: Callable[[int, int], None] | None = None) -> list[_Outcome]:
+    """One file's ranks: any failure, even a bug, is that file's outcome, not the job's."""
     try:
-        tl = read_trace(path, on_bytes)
-        return _Outcome(path, summarize_rank(tl), None, tl.meta.format, tl.meta.framework)
+        return [_Outcome(path, summarize_rank(tl), None, tl.meta.format, tl.meta.framework)
+                for tl in read_timelines(path, progress)]
     except GpuidleError as err:
-        return _Outcome(path, None, str(err))
+        return [_Outcome(path, None, str(err))]
+    except Exception as err:  # one rank's crash, even a bug, must not take the folder down
+        return [_Outcome(path, None, " ".join(f"failed: {type(err).__name__}: {err}".split()))]
 
 
-def analyze_file(path: str, progress: Progress | None = None) -> RankAnalysis:
-    """One trace file, in this process. Raises :class:`GpuidleError` on bad input."""
-    on_bytes = (lambda done, total: progress(path, done, total)) if progress else None
-    return summarize_rank(read_trace(path, on_bytes))
+def _analyze_file(path: str) -> list[_Outcome]:
+    return _outcomes(path)
 
 
 def analyze(
@@ -150,7 +181,7 @@ def analyze(
     good = [o for o in outcomes if o.analysis is not None]
     skipped = [f"{o.path}: {o.error}" for o in outcomes if o.error is not None]
     if not good:
-        if len(outcomes) == 1:
+        if len(outcomes) == 1 and outcomes[0].error is not None:
             raise GpuidleError(outcomes[0].error or "unreadable trace")
         raise GpuidleError(f"none of the {len(files)} files is a readable GPU trace; first: {skipped[0]}")
     for line in skipped:
@@ -165,14 +196,22 @@ def analyze(
     reports = [a.report for a in analyses]
     if job is not None:
         proposals.extend(straggler_recommendations(job, reports, include_warmup))
-    formats = sorted({o.format for o in good})
-    frameworks = {o.framework for o in good} - {None}
-    framework = frameworks.pop() if len(frameworks) == 1 else None
-    recs, combined = plan(in_framework(proposals, framework), reports, include_warmup)
+    framework = _one({o.framework for o in good})
+    if framework == CUDA_APPLICATION:
+        proposals = for_cuda(proposals)
+    proposals = in_framework(proposals, framework)
+    recs, combined = plan(proposals, reports, include_warmup)
     return AnalysisReport(
-        source=Source(paths=[str(p) for p in paths], format="+".join(formats), skipped=skipped, framework=framework),
+        source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
+                      skipped=skipped, framework=framework),
         ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
     )
+
+
+def _one(values: set[str | None]) -> str | None:
+    """The one value of a job's files, or their sorted list joined by ``+`` when they differ."""
+    known = sorted(v for v in values if v)
+    return "+".join(known) if known else None
 
 
 def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None,
@@ -198,18 +237,30 @@ def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 
 
 def _run(files: list[str], workers: int | None, progress: Progress | None) -> list[_Outcome]:
     if len(files) == 1:
-        return [_analyze_file(files[0], progress)]
+        path = files[0]
+        return _outcomes(path, (lambda done, total: progress(path, done, total)) if progress else None)
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     n = max(1, min(workers or os.cpu_count() or 1, len(files)))
     out: list[_Outcome] = []
+    lost: list[str] = []
     with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(_analyze_file, f) for f in files]
+        futures = {pool.submit(_analyze_file, f): f for f in files}
         for done, fut in enumerate(as_completed(futures), 1):
-            out.append(fut.result())
+            try:
+                out.extend(fut.result())
+            except BrokenProcessPool:  # a worker died (killed, out of memory): every pending file fails
+                lost.append(futures[fut])
             if progress:
                 progress("ranks", done, len(files))
-    return sorted(out, key=lambda o: o.path)
+    for f in sorted(lost):  # alone, each in a fresh worker: only the file that kills its worker is lost
+        with ProcessPoolExecutor(max_workers=1) as alone:
+            try:
+                out.extend(alone.submit(_analyze_file, f).result())
+            except BrokenProcessPool:
+                out.append(_Outcome(f, None, "the worker reading it died (out of memory, or killed)"))
+    return sorted(out, key=lambda o: (o.path, o.analysis.report.rank if o.analysis else -1))
 
 
 def _dedupe_ranks(
@@ -298,15 +349,16 @@ TIMELINE_BINS = 400
 
 
 def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
-                  straggler: dict[int, Intervals] | None = None) -> IdleTimeline:
+                  straggler: dict[int, Intervals] | None = None, rank: int | None = None) -> IdleTimeline:
     """Re-read one trace and return every device's idle intervals with their causes.
 
     The window, steps and causes are those of :func:`analyze`. ``straggler`` (per device,
     the intervals spent waiting for a slower rank, from the job's other ranks) turns that
     waiting into ``straggler_wait`` as in the job report; without it, it stays
-    ``communication``.
+    ``communication``. ``rank`` picks one rank of a file that holds several (an Nsight
+    export of a job); by default its first.
     """
-    tl = read_trace(str(path))
+    tl = _rank_timeline(str(path), rank)
     names = NameClasses.of(tl.strings)
     window = step_window(tl, names)
     bounds = window.bounds
@@ -321,8 +373,22 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
             seg_step=window.steps.number[step_index].astype(np.int64),
             bin_edges=edges, bin_busy=busy, bin_idle=idle,
         ))
-    return IdleTimeline(path=str(path), rank=tl.meta.rank if tl.meta.rank is not None else 0, t0_ns=tl.meta.t0_ns,
+    return IdleTimeline(path=str(path), rank=_rank_of(tl), t0_ns=tl.meta.t0_ns,
                         step_numbers=window.steps.number.astype(np.int64), step_bounds=bounds, devices=devices)
+
+
+def _rank_of(tl: Timeline) -> int:
+    return tl.meta.rank if tl.meta.rank is not None else 0
+
+
+def _rank_timeline(path: str, rank: int | None) -> Timeline:
+    timelines = read_timelines(path)
+    if rank is None:
+        return timelines[0]
+    for tl in timelines:
+        if _rank_of(tl) == rank:
+            return tl
+    raise GpuidleError(f"{path}: no rank {rank} in this trace")
 
 
 def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS) -> IdleTimeline:
@@ -331,13 +397,14 @@ def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS) -> IdleTimel
         raise GpuidleError("the step tracker records step times, not device intervals: no timeline to draw",
                            "profile a few steps with tracker.profile(steps=...) and use that trace")
     if len(report.ranks) == 1:
-        return idle_timeline(report.ranks[0].path, bins)
+        return idle_timeline(report.ranks[0].path, bins, rank=report.ranks[0].rank)
     worst = min(report.ranks, key=lambda r: (r.primary().utilization, r.rank))
     # waiting for the last rank needs every rank's collectives: analyse the job again
-    analyses = [o.analysis for o in _run([r.path for r in report.ranks], None, None) if o.analysis is not None]
-    mine = next(a for a in analyses if a.report.path == worst.path)
+    files = sorted({r.path for r in report.ranks})
+    analyses = [o.analysis for o in _run(files, None, None) if o.analysis is not None]
+    mine = next(a for a in analyses if a.report.path == worst.path and a.report.rank == worst.rank)
     waits = waiting_intervals(mine, match_collectives(analyses))
-    tl = idle_timeline(worst.path, bins, {mine.primary_device: waits})
+    tl = idle_timeline(worst.path, bins, {mine.primary_device: waits}, rank=worst.rank)
     note = f"rank {worst.rank} of {len(report.ranks)}, the lowest utilization ({worst.primary().utilization:.1%})"
     return IdleTimeline(path=tl.path, rank=worst.rank, t0_ns=tl.t0_ns, step_numbers=tl.step_numbers,
                         step_bounds=tl.step_bounds, devices=tl.devices, note=note)
@@ -375,18 +442,21 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     """Write ``out``: the trace at ``path`` plus a ``gpuidle`` track of idle intervals by cause.
 
     The input is streamed, never loaded whole, and never written; ``out`` ending in
-    ``.gz`` is gzip-compressed. Returns the timeline written.
+    ``.gz`` is gzip-compressed. An Nsight export or an XSpace ``.pb`` becomes a Chrome trace of its
+    timeline (the rank of ``timeline``). Returns the timeline written.
     """
     src, dst = Path(path), Path(out)
     if dst.exists() and src.exists() and dst.samefile(src):
         raise GpuidleError(f"{dst}: the annotated trace would overwrite its input", "give another output path")
-    if src.name.endswith(".pb"):
-        raise GpuidleError(f"{src}: annotated traces are written over a Chrome-trace JSON, not a protobuf",
-                           "give the .trace.json.gz that jax.profiler.trace(..., create_perfetto_trace=True) "
-                           "writes beside the .xplane.pb")
     from gpuidle.report import annotate
 
     tl = timeline if timeline is not None else idle_timeline(src)
+    if is_nsys(src) or src.name.endswith(".pb"):  # not a Chrome trace: its timeline is converted to one
+        from gpuidle.report import chrome
+
+        source = _rank_timeline(str(src), tl.rank)
+        annotate.write_annotated(dst, chrome.timeline_events(source), {"displayTimeUnit": "ns"}, tl)
+        return tl
     stream = TraceStream(str(src), _raw_events.decode)
     annotate.write_annotated(dst, stream, stream.header, tl)
     return tl

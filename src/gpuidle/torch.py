@@ -14,7 +14,7 @@ except ImportError as err:
     raise ImportError(f"gpuidle.torch needs PyTorch ({err}): pip install 'gpuidle[torch]', "
                       "or install the torch build for your CUDA/ROCm version first") from err
 
-from gpuidle.live.torch import (
+from gpuidle.live.tracker import (
     COMPUTE_PHASES,
     DEFAULT_PHASES,
     CudaClock,

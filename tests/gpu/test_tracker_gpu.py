@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 from gpuidle.api import analyze  # noqa: E402
-from gpuidle.live.torch import CudaClock, StepTracker  # noqa: E402
+from gpuidle.live.tracker import CudaClock, StepTracker  # noqa: E402
 from gpuidle.model import TRACKER_SUMMARY  # noqa: E402
 from gpuidle.report.jsonout import load_report  # noqa: E402
 

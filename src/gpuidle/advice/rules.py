@@ -71,6 +71,9 @@ def removes(cause: Cause, seconds: float) -> Effect:
 
 Rule = Callable[[RuleInput], list[Proposal]]
 LARGE_MESSAGE = 16 * MIB
+COMPRESSIBLE_MESSAGE = 1 * MIB
+"""Below this an all-reduce is latency-bound (NCCL's ring: tens of µs of latency against 100+ GB/s, the
+crossover near 1-2 MiB): halving its bytes saves little; fewer, larger buckets help instead."""
 LOW_BUSBW_GBPS = 10.0
 """Below this, a large all-reduce is not on NVLink or InfiniBand-class bandwidth."""
 MIN_SHARE = 0.03
@@ -320,12 +323,14 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
             removes(Cause.COMMUNICATION, exposed), confidence="medium",
         ))
     sized = [c for c in reduces if c.busbw_gbps is not None]
-    if sized or any(c.bytes > 0 for c in reduces):  # the tracker knows the bytes, not the bandwidth
+    message = sum(c.bytes for c in reduces) / max(1, sum(c.count for c in reduces))
+    if message >= COMPRESSIBLE_MESSAGE:  # the tracker knows the bytes, not the bandwidth: sized may be empty
         worst = min(sized, key=lambda c: c.busbw_gbps or 0.0) if sized else None
         out.append(x.rec(
             "comm_compression", Cause.COMMUNICATION,
             "Gradient all-reduce is exposed: compress gradients before it",
             {"exposed_comm_ms_per_step": _ms(exposed),
+             "mean_message_mib": round(message / MIB, 2),
              "overlap_ratio": None if comm.overlap_ratio is None else round(comm.overlap_ratio, 3),
              "all_reduce_busbw_gbps": round(worst.busbw_gbps or 0.0, 2) if worst else None,
              "assumption": "bf16 halves the bytes on the wire: half the exposed time"},
@@ -337,24 +342,24 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
             "#   model.register_comm_hook(state, powerSGD.powerSGD_hook)",
             removes(Cause.COMMUNICATION, exposed / 2), confidence="medium",
         ))
-        large = [c for c in sized if c.count and c.bytes / c.count >= LARGE_MESSAGE
-                 and (c.busbw_gbps or 0.0) < LOW_BUSBW_GBPS]
-        if large:
-            c = large[0]
-            out.append(x.rec(
-                "nccl_transport", Cause.COMMUNICATION,
-                f"Large all-reduces reach only {c.busbw_gbps or 0.0:.1f} GB/s bus bandwidth: check the NCCL transport",
-                {"all_reduce_busbw_gbps": round(c.busbw_gbps or 0.0, 2),
-                 "mean_message_mib": round(c.bytes / c.count / MIB, 1),
-                 "caveat": "kernel time includes waiting for other ranks; "
-                           "measure the link itself with gpuidle bench allreduce"},
-                "# which transport does NCCL pick? (debug output: not for production runs)\n"
-                "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET torchrun ...   # look for 'via NET/Socket' vs 'NET/IB'\n"
-                "# pin NCCL to the fast interface and make sure InfiniBand is not disabled\n"
-                "export NCCL_SOCKET_IFNAME=ib0        # or your high-speed Ethernet interface, e.g. ens5\n"
-                "export NCCL_IB_DISABLE=0",
-                removes(Cause.COMMUNICATION, exposed / 2), confidence="low",
-            ))
+    large = [c for c in sized if c.count and c.bytes / c.count >= LARGE_MESSAGE
+             and (c.busbw_gbps or 0.0) < LOW_BUSBW_GBPS]
+    if large:
+        c = large[0]
+        out.append(x.rec(
+            "nccl_transport", Cause.COMMUNICATION,
+            f"Large all-reduces reach only {c.busbw_gbps or 0.0:.1f} GB/s bus bandwidth: check the NCCL transport",
+            {"all_reduce_busbw_gbps": round(c.busbw_gbps or 0.0, 2),
+             "mean_message_mib": round(c.bytes / c.count / MIB, 1),
+             "caveat": "kernel time includes waiting for other ranks; "
+                       "measure the link itself with gpuidle bench allreduce"},
+            "# which transport does NCCL pick? (debug output: not for production runs)\n"
+            "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET torchrun ...   # look for 'via NET/Socket' vs 'NET/IB'\n"
+            "# pin NCCL to the fast interface and make sure InfiniBand is not disabled\n"
+            "export NCCL_SOCKET_IFNAME=ib0        # or your high-speed Ethernet interface, e.g. ens5\n"
+            "export NCCL_IB_DISABLE=0",
+            removes(Cause.COMMUNICATION, exposed / 2), confidence="low",
+        ))
     busy = x.device.busy_s
     if x.report.communication.comm_s >= busy > 0:
         out.append(x.rec(

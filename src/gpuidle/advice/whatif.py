@@ -247,7 +247,8 @@ def _set_gain(p: Proposal, model: Model, t0: float, u0: float, saved: float | No
                   + f", {p.rec.cause} on rank {r} limits the step: {marginal * 1e3:.2f} ms")
     elif util < u0 - 1e-9:
         r, cause, sec = model.limit([p])
-        reason = (f"utilization falls from {u0 * 100:.1f} % to {util * 100:.1f} %: "
+        was, now = _distinct_percents(u0, util)
+        reason = (f"utilization falls from {was} % to {now} %: "
                   "the step gets shorter, the idle stays"
                   + (f" ({cause} {sec * 1e3:.2f} ms/step is next)" if sec > 0 else ""))
     p.rec.gain = Gain(
@@ -256,6 +257,15 @@ def _set_gain(p: Proposal, model: Model, t0: float, u0: float, saved: float | No
         step_s_saved_after=marginal,
     )
     p.rec.gain.minor = saved is not None and max(saved, marginal or 0.0) < MINOR_SHARE * t0
+
+
+def _distinct_percents(a: float, b: float) -> tuple[str, str]:
+    """Two shares as percentages with just enough decimals to tell them apart (0.52 % to 0.51 %, not 0.5 % to 0.5 %)."""
+    for digits in (1, 2, 3):
+        x, y = f"{a * 100:.{digits}f}", f"{b * 100:.{digits}f}"
+        if x != y:
+            break
+    return x, y
 
 
 def placeholder() -> Gain:

@@ -16,7 +16,7 @@ layer winning:
    of the gap is launch latency (``launch_overhead``; ``memcpy`` when the op is a
    host-to-device copy being staged).
 3. ``data_loading``: a host thread is inside a DataLoader ``__next__`` (or a range named
-   like data loading).
+   like data loading, or a file read traced by Nsight's OS runtime trace).
 4. ``host_sync``: a feeding thread is blocked in a synchronize call, a synchronous
    copy, or ``aten::item``/``_local_scalar_dense``.
 5. ``memcpy``: a feeding thread is inside a host-to-device copy call (pageable memory
@@ -145,7 +145,7 @@ def _device_idle(
         names.synchronous_memcpy[name] | (copy_of_call == CopyKind.DTOH_PAGEABLE)
     )
     sync = feeding & ((is_rt & names.sync_call[name]) | (is_op & names.item_op[name]) | blocking_copy)
-    loading = names.data_loading[name] & ~is_rt
+    loading = (names.data_loading[name] | names.file_read[name]) & ~is_rt
     coll_host = feeding & ~is_rt & names.collective_host[name]
     launching = _launching_ops(tl, launchers, is_op & feeding)
     plain_op = feeding & is_op & ~launching & ~names.item_op[name] & ~names.collective_host[name]

@@ -29,6 +29,8 @@ DATA_LOADING = re.compile(
     re.IGNORECASE,
 )
 """Waiting for input: PyTorch's DataLoader, tf.data's ``IteratorGetNext``, JAX's ``device_put`` of a batch, grain."""
+FILE_READ = re.compile(r"^(f?read|pread(64)?|p?readv2?|preadv64|fread_unlocked)$")
+"""File reads of a thread that drives the GPU (Nsight's OS runtime trace): loading, but no step marker."""
 COLLECTIVE_HOST = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)")
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
@@ -59,6 +61,7 @@ class NameClasses:
     launch_call: np.ndarray
     item_op: np.ndarray
     data_loading: np.ndarray
+    file_read: np.ndarray
     collective_host: np.ndarray
     profiler_step: np.ndarray
     optimizer_step: np.ndarray
@@ -75,6 +78,7 @@ class NameClasses:
             launch_call=_mask(strings, LAUNCH_CALLS),
             item_op=_mask(strings, ITEM_OPS),
             data_loading=_mask(strings, DATA_LOADING),
+            file_read=_mask(strings, FILE_READ),
             collective_host=_mask(strings, COLLECTIVE_HOST),
             profiler_step=_mask(strings, PROFILER_STEP),
             optimizer_step=_mask(strings, OPTIMIZER_STEP),

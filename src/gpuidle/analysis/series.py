@@ -207,7 +207,7 @@ def _notes(full: StepSeries, s: StepSeries) -> list[str]:
     notes.append("kernel figures are not measured by the tracker: shown as zero")
     if len(s) < len(full):
         notes.append(f"{len(full) - len(s)} profiled step(s) left out: the profiler's cost inflates them")
-    if full.world_size > 1 and full.comm_hook is None:
+    if full.world_size > 1 and full.comm_hook is None and not full.buckets.any():
         notes.append("communication not timed (no DDP comm hook from tracker.watch_ddp): waiting for other ranks "
                      "counts as compute here, and stragglers cannot be told")
     return notes

@@ -26,7 +26,7 @@ from gpuidle.cli.common import (
     warn,
 )
 from gpuidle.errors import GpuidleError
-from gpuidle.live.exporter import Exporter, LatestSample
+from gpuidle.live.exporter import Exporter, LatestSample, node_name, series_labels
 from gpuidle.live.monitor import (
     MIN_INTERVAL_S,
     GpuBackend,
@@ -34,6 +34,7 @@ from gpuidle.live.monitor import (
     JsonlWriter,
     Monitor,
     PsutilHost,
+    Sink,
     dcgm_reader,
     default_log_path,
     nvml_backend,
@@ -74,6 +75,16 @@ def port(text: str) -> int:
     return value
 
 
+def rank(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank (0, 1, 2, ...)")
+    return value
+
+
 def _sampling_options(p: argparse.ArgumentParser, default_interval: float) -> None:
     p.add_argument("--interval", type=interval, default=default_interval, metavar="S",
                    help=f"seconds between samples, at least {MIN_INTERVAL_S} (default {default_interval:g})")
@@ -82,8 +93,11 @@ def _sampling_options(p: argparse.ArgumentParser, default_interval: float) -> No
                    help="a dcgm-exporter endpoint for SM_ACTIVE and friends (http://host:9400/metrics)")
     p.add_argument("--no-dcgm", action="store_true", help="do not run dcgmi dmon even when it is on PATH")
     p.add_argument("--prometheus-port", type=port, metavar="PORT", help="serve the latest sample for Prometheus")
-    p.add_argument("--prometheus-addr", default="0.0.0.0", metavar="ADDR",
-                   help="address the exporter listens on (default 0.0.0.0)")
+    p.add_argument("--prometheus-addr", default="127.0.0.1", metavar="ADDR",
+                   help="address the exporter listens on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--job", metavar="NAME", help="a job label on every exported series (with --prometheus-port)")
+    p.add_argument("--rank", type=rank, metavar="N", help="a rank label on every exported series "
+                                                          "(with --prometheus-port)")
     p.add_argument("--quiet", action="store_true", help="no live view")
 
 
@@ -199,16 +213,25 @@ def _view(header: MonitorHeader, latest: LatestSample, quiet: bool, t0: float,
 
 
 @contextlib.contextmanager
-def _exporter(latest: LatestSample, args: argparse.Namespace) -> Iterator[Exporter | None]:
+def _serving(args: argparse.Namespace) -> Iterator[Exporter | None]:
+    """The exporter, listening before anything else starts: a bad address or a busy port stops the command
+    before it samples or runs anything."""
     if not args.prometheus_port:
+        if args.job is not None or args.rank is not None:
+            raise GpuidleError("--job and --rank label the exported series", "add --prometheus-port")
         yield None
         return
-    exp = Exporter(latest, args.prometheus_port, args.prometheus_addr)
-    print(f"gpuidle: serving metrics on http://{args.prometheus_addr}:{exp.port}/metrics", file=sys.stderr)
+    exp = Exporter(args.prometheus_port, args.prometheus_addr, series_labels(node_name(), args.job, args.rank))
+    print(f"gpuidle: serving metrics on http://{_host_port(args.prometheus_addr, exp.port)}/metrics",
+          file=sys.stderr)
     try:
         yield exp
     finally:
         exp.close()
+
+
+def _host_port(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
 def _summarize_log(path: str, args: argparse.Namespace, out: str | None) -> UtilizationReport:
@@ -232,6 +255,11 @@ def _monitor_summary(path: str, args: argparse.Namespace) -> UtilizationReport |
 
 
 def monitor_command(args: argparse.Namespace) -> int:
+    with _serving(args) as exporter:
+        return _monitor(args, exporter)
+
+
+def _monitor(args: argparse.Namespace, exporter: Exporter | None) -> int:
     host = _host(None)
     gpu = GPU_BACKEND()
     dcgm = dcgm_reader(args.dcgm_url, not args.no_dcgm)
@@ -241,48 +269,82 @@ def monitor_command(args: argparse.Namespace) -> int:
         monitor.stop()
         raise GpuidleError(header.gpu_unavailable, "gpuidle run still samples the CPU side")
     keep = args.out is not None
+    if not keep and args.no_summary and args.no_ledger:
+        _export_only(monitor, header, exporter, args)
+        return 0
     path = args.out or tempfile.mkstemp(prefix="gpuidle-monitor-", suffix=".jsonl")[1]
     writer = JsonlWriter(path)
     writer.header(header)
     latest = LatestSample(header)
-    stop = threading.Event()
-
-    def on_stop(sig: int, frame: object) -> None:
-        """Stop at the next tick, so the log ends on a whole line; a second signal stops at once."""
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    view = _view(header, latest, args.quiet, header.t0, monitor.clock.time)
+    if exporter is not None:
+        exporter.publish(latest)
     try:
-        with _exporter(latest, args):
-            if view is not None:
-                view.start()
-            try:
-                monitor.run([writer, latest], stop, max_samples=args.count, duration_s=args.duration)
-            except KeyboardInterrupt:
-                pass
-            finally:
-                if view is not None:
-                    view.stop()
-                monitor.stop()
-                writer.close(MonitorEnd(t=monitor.clock.time(), samples=writer.samples, notes=monitor.notes()))
+        with _stopping_on_signals() as stop:
+            _sample(monitor, header, latest, [writer, latest], stop, args)
+            writer.close(MonitorEnd(t=monitor.clock.time(), samples=writer.samples, notes=monitor.notes()))
         if keep:
             print(f"gpuidle: {writer.samples} samples written to {path}", file=sys.stderr)
         report = _monitor_summary(path, args)
         if report is not None:
             _record(args, "monitor", report, [path] if keep else [])
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        writer.close()
         if not keep:
             with contextlib.suppress(OSError):
                 os.unlink(path)
     return 0
 
 
+def _export_only(monitor: Monitor, header: MonitorHeader, exporter: Exporter | None,
+                 args: argparse.Namespace) -> None:
+    """No log, no summary, no ledger record: a long-running exporter keeps nothing on disk."""
+    latest = LatestSample(header)
+    if exporter is not None:
+        exporter.publish(latest)
+    with _stopping_on_signals() as stop:
+        _sample(monitor, header, latest, [latest], stop, args)
+
+
+@contextlib.contextmanager
+def _stopping_on_signals() -> Iterator[threading.Event]:
+    """SIGINT/SIGTERM stop at the next tick, so the log ends on a whole line; a second signal stops at once."""
+    stop = threading.Event()
+
+    def on_stop(sig: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _sample(monitor: Monitor, header: MonitorHeader, latest: LatestSample, sinks: list[Sink],
+            stop: threading.Event, args: argparse.Namespace) -> None:
+    """Sample until ``stop``, ``--count`` or ``--duration``, with the live view when there is one."""
+    view = _view(header, latest, args.quiet, header.t0, monitor.clock.time)
+    if view is not None:
+        view.start()
+    try:
+        monitor.run(sinks, stop, max_samples=args.count, duration_s=args.duration)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if view is not None:
+            view.stop()
+        monitor.stop()
+
+
 def run_command(args: argparse.Namespace) -> int:
+    with _serving(args) as exporter:
+        return _run(args, exporter)
+
+
+def _run(args: argparse.Namespace, exporter: Exporter | None) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -319,13 +381,14 @@ def run_command(args: argparse.Namespace) -> int:
             view.start()
 
     runner = Runner(cmd, kill_after_s=args.kill_after, on_signal=on_signal)
+    if exporter is not None:
+        exporter.publish(latest)
     try:
-        with _exporter(latest, args):
-            try:
-                result = run_monitored(runner, monitor, [writer, latest, use], on_start)
-            finally:
-                if view is not None:
-                    view.stop()
+        try:
+            result = run_monitored(runner, monitor, [writer, latest, use], on_start)
+        finally:
+            if view is not None:
+                view.stop()
     except CommandNotFound as err:
         writer.close(MonitorEnd(t=monitor.clock.time(), samples=writer.samples, exit_code=127, notes=[str(err)]))
         with contextlib.suppress(OSError):

@@ -3,49 +3,36 @@
 The monitor hands each sample to :class:`LatestSample`; a scrape reads whatever is
 latest, so scraping never waits for NVML and never triggers a query. Fields read only on
 full ticks keep their last value between them. Metric names carry their unit, as
-Prometheus asks (``gpuidle_gpu_power_watts``); a value that is not available is left out
-of the scrape rather than exported as 0.
+Prometheus asks (``gpuidle_gpu_power_watts``), and labels follow dcgm-exporter's (the
+catalogue is :mod:`gpuidle.model.metrics`); a value that is not available is left out of
+the scrape rather than exported as 0.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from gpuidle.errors import GpuidleError
-from gpuidle.model import GpuInfo, GpuSample, HostSample, MonitorHeader, MonitorSample
+from gpuidle.model import (
+    GPU_GAUGES,
+    GPU_LABELS,
+    HOST_CPU,
+    HOST_GAUGES,
+    LAST_SAMPLE,
+    GpuInfo,
+    GpuSample,
+    HostSample,
+    MonitorHeader,
+    MonitorSample,
+)
 
-GPU_GAUGES: list[tuple[str, str, str, float]] = [
-    # (metric name, GpuSample field, help, scale)
-    ("gpuidle_gpu_utilization_ratio", "util_pct", "utilization.gpu: share of time at least one kernel ran", 0.01),
-    ("gpuidle_gpu_memory_utilization_ratio", "mem_util_pct", "utilization.memory: share of time memory was busy",
-     0.01),
-    ("gpuidle_gpu_memory_used_bytes", "mem_used_mib", "device memory used", 1 << 20),
-    ("gpuidle_gpu_memory_total_bytes", "mem_total_mib", "device memory total", 1 << 20),
-    ("gpuidle_gpu_sm_clock_hertz", "sm_clock_mhz", "SM clock", 1e6),
-    ("gpuidle_gpu_memory_clock_hertz", "mem_clock_mhz", "memory clock", 1e6),
-    ("gpuidle_gpu_power_watts", "power_w", "power draw", 1.0),
-    ("gpuidle_gpu_power_limit_watts", "power_limit_w", "enforced power limit", 1.0),
-    ("gpuidle_gpu_temperature_celsius", "temp_c", "GPU temperature", 1.0),
-    ("gpuidle_gpu_pcie_rx_bytes_per_second", "pcie_rx_mib_s", "PCIe receive throughput", 1 << 20),
-    ("gpuidle_gpu_pcie_tx_bytes_per_second", "pcie_tx_mib_s", "PCIe transmit throughput", 1 << 20),
-    ("gpuidle_gpu_nvlink_rx_bytes_per_second", "nvlink_rx_mib_s", "NVLink receive throughput, all links", 1 << 20),
-    ("gpuidle_gpu_nvlink_tx_bytes_per_second", "nvlink_tx_mib_s", "NVLink transmit throughput, all links", 1 << 20),
-    ("gpuidle_gpu_clock_event_reasons", "throttle_reasons", "NVML clock event (throttle) reason bitmask", 1.0),
-    ("gpuidle_gpu_sm_active_ratio", "sm_active", "DCGM SM_ACTIVE", 1.0),
-    ("gpuidle_gpu_sm_occupancy_ratio", "sm_occupancy", "DCGM SM_OCCUPANCY", 1.0),
-    ("gpuidle_gpu_tensor_active_ratio", "tensor_active", "DCGM PIPE_TENSOR_ACTIVE", 1.0),
-    ("gpuidle_gpu_dram_active_ratio", "dram_active", "DCGM DRAM_ACTIVE", 1.0),
-]
-HOST_GAUGES: list[tuple[str, str, str, float]] = [
-    ("gpuidle_host_memory_used_bytes", "mem_used_mib", "host memory in use", 1 << 20),
-    ("gpuidle_host_memory_total_bytes", "mem_total_mib", "host memory total", 1 << 20),
-    ("gpuidle_host_disk_read_bytes_per_second", "disk_read_mib_s", "read throughput over all disks", 1 << 20),
-    ("gpuidle_process_cpu_ratio", "proc_cpu_pct", "CPU of the wrapped command's tree, in cores", 0.01),
-    ("gpuidle_process_resident_memory_bytes", "proc_rss_mib", "resident memory of the wrapped command's tree",
-     1 << 20),
-]
+DEVICE_LABELS = [name for name in GPU_LABELS if name != "Hostname"]
+"""The labels that tell one GPU of a node from another; ``Hostname`` comes with the exporter's own labels."""
 
 
 class LatestSample:
@@ -97,60 +84,116 @@ def _prometheus() -> Any:
 
 
 class Collector:
-    """A prometheus-client custom collector over :class:`LatestSample`."""
+    """A prometheus-client custom collector over :class:`LatestSample`.
 
-    def __init__(self, latest: LatestSample) -> None:
+    ``labels`` (``Hostname``, and ``job``/``rank`` when known) go on every series; a GPU
+    series also carries its index, UUID and model, as dcgm-exporter's do.
+    """
+
+    def __init__(self, latest: LatestSample, labels: dict[str, str]) -> None:
         self.latest = latest
+        self.labels = labels
         self._infos: dict[int, GpuInfo] = {g.index: g for g in latest.header.gpus}
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
         gpus, host, cpu, t = self.latest.snapshot()
-        labels = ["gpu", "uuid", "name"]
-        for metric, key, doc, scale in GPU_GAUGES:
-            fam = GaugeMetricFamily(metric, doc, labels=labels)
-            for idx in sorted(gpus):
-                v = gpus[idx].get(key)
-                if v is None:
-                    continue
-                info = self._infos.get(idx)
-                fam.add_metric([str(idx), (info.uuid or "") if info else "", (info.name or "") if info else ""],
-                               float(v) * scale)
+        common = list(self.labels)
+        values = list(self.labels.values())
+        per_gpu = {idx: [*self._gpu_labels(idx), *values] for idx in sorted(gpus)}
+        for m in GPU_GAUGES:
+            fam = GaugeMetricFamily(m.name, m.help, labels=[*DEVICE_LABELS, *common])
+            for idx, labels in per_gpu.items():
+                v = gpus[idx].get(m.column or "")
+                if v is not None:
+                    fam.add_metric(labels, float(len(v) if isinstance(v, list) else v) * m.scale)
             if fam.samples:
                 yield fam
-        for metric, key, doc, scale in HOST_GAUGES:
-            v = host.get(key)
+        for m in HOST_GAUGES:
+            v = host.get(m.column or "")
             if v is not None:
-                yield GaugeMetricFamily(metric, doc, value=float(v) * scale)
+                fam = GaugeMetricFamily(m.name, m.help, labels=common)
+                fam.add_metric(values, float(v) * m.scale)
+                yield fam
         if cpu:
-            fam = GaugeMetricFamily("gpuidle_host_cpu_busy_ratio", "host CPU busy, per core", labels=["core"])
+            fam = GaugeMetricFamily(HOST_CPU.name, HOST_CPU.help, labels=[*common, "core"])
             for i, v in enumerate(cpu):
-                fam.add_metric([str(i)], v / 100.0)
+                fam.add_metric([*values, str(i)], v * HOST_CPU.scale)
             yield fam
         if t is not None:
-            yield GaugeMetricFamily("gpuidle_last_sample_timestamp_seconds", "Unix time of the latest sample",
-                                    value=t)
+            fam = GaugeMetricFamily(LAST_SAMPLE.name, LAST_SAMPLE.help, labels=common)
+            fam.add_metric(values, t)
+            yield fam
+
+    def _gpu_labels(self, idx: int) -> list[str]:
+        """``gpu``, ``UUID``, ``modelName`` of one device (empty when NVML did not say)."""
+        info = self._infos.get(idx)
+        return [str(idx), (info.uuid or "") if info else "", (info.name or "") if info else ""]
+
+
+def node_name() -> str:
+    """The ``Hostname`` label: ``$NODE_NAME`` (set from the pod spec on Kubernetes), else this host's name.
+
+    dcgm-exporter names the node the same way, so the two exporters' series join.
+    """
+    return os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def series_labels(hostname: str, job: str | None = None, rank: int | None = None) -> dict[str, str]:
+    """The labels every series of one exporter carries: ``Hostname`` first, then ``job``/``rank`` when known."""
+    out = {"Hostname": hostname}
+    if job:
+        out["job"] = job
+    if rank is not None:
+        out["rank"] = str(rank)
+    return out
 
 
 class Exporter:
-    """An HTTP endpoint (``/metrics``) serving :class:`Collector` from a daemon thread."""
+    """An HTTP endpoint (``/metrics``) served from a daemon thread.
 
-    def __init__(self, latest: LatestSample, port: int, addr: str = "0.0.0.0") -> None:
+    It listens as soon as it is made, so a bad address or a busy port stops a command
+    before it samples or starts anything; :meth:`publish` then hands it the samples.
+    """
+
+    def __init__(self, port: int, addr: str = "127.0.0.1", labels: dict[str, str] | None = None) -> None:
         pc = _prometheus()
+        self.labels = labels or series_labels(node_name())
         self.registry = pc.CollectorRegistry(auto_describe=False)
-        self.registry.register(Collector(latest))
         try:
             self._server, self._thread = pc.start_http_server(port, addr=addr, registry=self.registry)
         except OSError as err:
-            raise GpuidleError(f"cannot serve metrics on {addr}:{port}: {err.strerror}",
-                               "pick a free port with --prometheus-port") from None
+            raise _bind_error(addr, port, err) from None
+
+    def publish(self, latest: LatestSample) -> None:
+        """Serve ``latest`` from now on (until then a scrape finds no gpuidle series)."""
+        self.registry.register(Collector(latest, self.labels))
 
     @property
     def port(self) -> int:
         return int(self._server.server_port)
 
+    @property
+    def address(self) -> str:
+        """The address it listens on, as bound (``127.0.0.1``, ``::``, ...)."""
+        return str(self._server.server_address[0])
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=2.0)
+
+
+def _bind_error(addr: str, port: int, err: OSError) -> GpuidleError:
+    """Why the endpoint could not listen, in one line, with the option that fixes it."""
+    where = f"cannot serve metrics on {addr}:{port}"
+    if isinstance(err, socket.gaierror):
+        return GpuidleError(f"{where}: {addr!r} is not a known address ({err.strerror})",
+                            "give --prometheus-addr an address of this machine, e.g. 127.0.0.1 or 0.0.0.0")
+    if err.errno == errno.EADDRNOTAVAIL:
+        return GpuidleError(f"{where}: {addr} is not an address of this machine",
+                            "give --prometheus-addr an address of this machine, e.g. 127.0.0.1 or 0.0.0.0")
+    if err.errno == errno.EADDRINUSE:
+        return GpuidleError(f"{where}: the port is in use", "pick a free port with --prometheus-port")
+    return GpuidleError(f"{where}: {err.strerror or err}", "pick another port with --prometheus-port")

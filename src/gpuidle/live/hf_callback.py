@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuidle.errors import GpuidleError
-from gpuidle.live.torch import StepTracker
+from gpuidle.live.tracker import StepTracker
 
 try:
     from transformers import TrainerCallback

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuidle.errors import GpuidleError
-from gpuidle.live.torch import StepTracker, batch_size
+from gpuidle.live.tracker import StepTracker, batch_size
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -29,7 +29,7 @@ except ImportError:  # the older package name
 
 
 class GpuidleLightningCallback(Callback):
-    """Times every training batch with a :class:`~gpuidle.live.torch.StepTracker`.
+    """Times every training batch with a :class:`~gpuidle.live.tracker.StepTracker`.
 
     :param out_dir: the tracker's output folder.
     :param tracker_options: passed to :class:`StepTracker` (``every``, ``log_every``, ``nvtx``, ...).

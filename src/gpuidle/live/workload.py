@@ -155,7 +155,7 @@ def setup(args: argparse.Namespace) -> Workload:
 
 def train(w: Workload, tracker: object | None, steps: int) -> int:
     """Run ``steps`` steps (fewer if the loader ends), timed by ``tracker`` when given; return the count."""
-    from gpuidle.live.torch import StepTracker
+    from gpuidle.live.tracker import StepTracker
 
     t = tracker if isinstance(tracker, StepTracker) else None
     done = 0
@@ -199,7 +199,7 @@ def _step(w: Workload, x: torch.Tensor, y: torch.Tensor) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpuidle.live.torch import StepTracker
+    from gpuidle.live.tracker import StepTracker
 
     args = parser().parse_args(argv)
     w = setup(args)

@@ -2,13 +2,26 @@
 
 ``timeline`` holds the columns every trace source produces, ``series`` the device-counter
 columns and utilization report, ``steps`` the step tracker's log, ``report`` the analysis
-report types. Everything is re-exported here, so ``from gpuidle.model import X`` is the
-one import the rest of the package uses.
+report types, ``metrics`` the Prometheus metrics gpuidle publishes. Everything is
+re-exported here, so ``from gpuidle.model import X`` is the one import the rest of the
+package uses.
 """
 
 from __future__ import annotations
 
 from .jsonio import JsonStruct
+from .metrics import (
+    EXPORTER_METRICS,
+    GPU_GAUGES,
+    GPU_LABELS,
+    HOST_CPU,
+    HOST_GAUGES,
+    HOST_LABELS,
+    JOB_LABELS,
+    LAST_SAMPLE,
+    TRACKER_METRICS,
+    Metric,
+)
 from .report import (
     COMPARE_SCHEMA,
     AnalysisReport,
@@ -102,13 +115,21 @@ from .timeline import (
 __all__ = [
     "CAUSES",
     "COMPARE_SCHEMA",
+    "EXPORTER_METRICS",
     "F64",
+    "GPU_GAUGES",
+    "GPU_LABELS",
     "GPU_METRICS",
+    "HOST_CPU",
+    "HOST_GAUGES",
+    "HOST_LABELS",
     "HOST_METRICS",
     "HTOD_KINDS",
     "I8",
     "I32",
     "I64",
+    "JOB_LABELS",
+    "LAST_SAMPLE",
     "MONITOR_FORMAT",
     "SCHEMA",
     "SCHEMA_MINOR",
@@ -116,6 +137,7 @@ __all__ = [
     "THROTTLE_REASONS",
     "TRACKER_FORMAT",
     "TRACKER_LOG",
+    "TRACKER_METRICS",
     "TRACKER_OTHER",
     "TRACKER_SUMMARY",
     "UTIL_SCHEMA",
@@ -153,6 +175,7 @@ __all__ = [
     "JsonStruct",
     "KernelFacts",
     "KernelStat",
+    "Metric",
     "MonitorEnd",
     "MonitorHeader",
     "MonitorRecord",

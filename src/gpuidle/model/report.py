@@ -277,7 +277,8 @@ class Source(msgspec.Struct):
     format: str
     skipped: list[str] = []
     framework: str | None = None
-    """``jax``, ``tensorflow`` or ``pytorch`` when the profile says which; the fixes are written for it."""
+    """``pytorch``, ``jax``, ``tensorflow``, ``cuda`` (a plain CUDA application), ... where the input tells;
+    the fixes are phrased for it."""
 
 
 class AnalysisReport(JsonStruct, kw_only=True):

@@ -12,7 +12,7 @@ import numpy.typing as npt
 from .timeline import I64
 
 # ----------------------------------------------------------------------------------
-# The in-process step tracker (live/torch.py): one JSONL log per rank, read back as a
+# The in-process step tracker (live/tracker/): one JSONL log per rank, read back as a
 # StepSeries per rank. Times are integer nanoseconds.
 # ----------------------------------------------------------------------------------
 

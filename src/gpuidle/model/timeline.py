@@ -162,7 +162,8 @@ class TraceMeta:
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     framework: str | None = None
-    """The training framework the profile says it came from (``jax``, ``tensorflow``, ``pytorch``); None: unknown."""
+    """The program's framework where the trace tells (``pytorch``, ``jax``, ``tensorflow``, ``cuda`` for a plain
+    CUDA application)."""
 
 
 @dataclass(slots=True)

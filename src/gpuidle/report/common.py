@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuidle.model import Gain, RankReport, Recommendation
+from gpuidle.model import Gain, RankReport, Recommendation, Source
 
 TARGET_UTILIZATION = 0.9
 MANY_STEPS = 12
@@ -17,6 +17,16 @@ class RenderOptions:
     """How many recommendations to show."""
     color: bool = False
     width: int = 110
+
+
+FRAMEWORK_NAMES = {"pytorch": "PyTorch", "cuda": "CUDA application"}
+
+
+def source_label(source: Source) -> str:
+    """The input's format, and the program's framework where the input tells (``nsys · CUDA application``)."""
+    if not source.framework:
+        return source.format
+    return f"{source.format} · {FRAMEWORK_NAMES.get(source.framework, source.framework)}"
 
 
 def ms(seconds: float) -> str:

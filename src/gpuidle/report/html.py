@@ -14,6 +14,7 @@ places them.
 
 from __future__ import annotations
 
+from gpuidle.advice.hardware import hardware
 from gpuidle.bench.common import human_bytes
 from gpuidle.model import (
     CAUSES,
@@ -28,7 +29,7 @@ from gpuidle.model import (
     Recommendation,
     RunSummary,
 )
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, gain_text, ms, pct
+from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, gain_text, ms, pct, source_label
 from gpuidle.report.compare_text import money
 from gpuidle.report.svg import (
     CAUSE_COLOR,
@@ -50,8 +51,9 @@ from gpuidle.report.svg import (
 
 def _device_card(r: RankReport, d: DeviceReport) -> str:
     name = f" · {esc(d.name)}" if d.name else ""
-    smi = (f'<div class="note">nvidia-smi would count {pct(d.active_s / d.window_s)} (collectives included)</div>'
-           if d.active_s > d.busy_s and d.window_s else "")
+    tool = hardware(d).smi
+    smi = (f'<div class="note">{tool} would count {pct(d.active_s / d.window_s)} (collectives included)</div>'
+           if d.active_s > d.busy_s and d.window_s and tool is not None else "")
     return (f'<div class="card"><h3>rank {r.rank} · GPU {d.device}{name}</h3>'
             f'<div class="big {util_class(d.utilization)}">{pct(d.utilization)}</div>'
             f'<div class="muted">utilization · idle {ms(d.idle_s)} of {ms(d.window_s)}</div>{smi}</div>')
@@ -137,7 +139,7 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
     """The full page for one analysis; ``timeline`` adds the utilization-over-time charts."""
     n = len(report.ranks)
     shown = _shown_rank(report)
-    body = [f"<header><h1>gpuidle · {n} rank{'s' if n != 1 else ''} · {esc(report.source.format)}</h1>"
+    body = [f"<header><h1>gpuidle · {n} rank{'s' if n != 1 else ''} · {esc(source_label(report.source))}</h1>"
             f'<div class="muted">{esc(", ".join(report.source.paths))}</div></header>']
     w = shown.window
     body.append(f'<section id="summary"><h2>Utilization</h2><p class="note">window: {esc(w.kind.replace("_", " "))}, '

@@ -12,6 +12,7 @@ from gpuidle.report.common import (
     ms,
     pct,
     shown_recommendations,
+    source_label,
     step_rows,
 )
 
@@ -27,7 +28,7 @@ class MarkdownRenderer:
     extensions: tuple[str, ...] = (".md",)
 
     def render(self, report: AnalysisReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
-        lines = [f"## gpuidle: {len(report.ranks)} rank(s), {report.source.format}", ""]
+        lines = [f"## gpuidle: {len(report.ranks)} rank(s), {source_label(report.source)}", ""]
         shown = [report.ranks[0]] if report.job is None else [min(report.ranks, key=lambda r: r.primary().utilization)]
         if report.job is not None:
             job = report.job

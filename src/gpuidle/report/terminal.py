@@ -31,6 +31,7 @@ from gpuidle.report.common import (
     pct,
     ranges,
     shown_recommendations,
+    source_label,
     step_rows,
     utilization_falls,
 )
@@ -160,7 +161,7 @@ class TerminalRenderer:
         console = Console(file=buf, force_terminal=options.color, no_color=not options.color,
                           width=options.width, highlight=False)
         n = len(report.ranks)
-        console.print(Text(f"gpuidle · {n} rank{'s' if n != 1 else ''} · {report.source.format}", style="bold"))
+        console.print(Text(f"gpuidle · {n} rank{'s' if n != 1 else ''} · {source_label(report.source)}", style="bold"))
         if report.job is None:
             self._rank(console, report.ranks[0], report.include_warmup)
         else:

@@ -4,9 +4,14 @@ A trace can be gigabytes once decompressed. Decoding it whole would hold the tex
 *and* every decoded event at once; instead the file is gunzipped as a stream and the
 events array is cut into chunks of a few MiB at ``},`` + ``{`` boundaries. Each
 chunk is decoded by the caller's typed decoder. A cut that fell inside an event
-(a ``},{`` inside a string or a nested object) makes the chunk invalid JSON, so the
-chunk is grown to the next cut and decoded again: the cuts are cheap guesses that
-are always verified by the decoder.
+(a ``},{`` inside a string or a nested array) makes the chunk invalid JSON only at
+its very end, where ``]`` was added; an error the decoder places before that is in the
+file itself and is reported at once. After a false cut the next cut is tried, then the
+chunk is doubled, so every byte is decoded a bounded number of times and a damaged file
+fails as fast as it reads.
+
+Nothing grows without bound: an event, or a run of whitespace, longer than
+:data:`MAX_EVENT` is refused (a gzip bomb of spaces stops after that many bytes).
 
 The keys around the array (``distributedInfo``, ``deviceProperties``, ...) may come
 before or after it; both parts are returned as one header dict.
@@ -15,23 +20,29 @@ before or after it; both parts are returned as one header dict.
 from __future__ import annotations
 
 import os
+import re
+import stat
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, Generic, TypeVar
 
 import msgspec
 
-from gpuidle.errors import CorruptInput, NotATrace
+from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound, NotATrace
 
 T = TypeVar("T")
 
 READ_BLOCK = 1 << 20
 CHUNK = 4 << 20
-HEADER_LIMIT = 256 << 20
+MAX_EVENT = 64 << 20
+"""The most bytes one event, or one run of whitespace, may take before the file is refused."""
+HEADER_LIMIT = 64 << 20
 """How far to look for the ``traceEvents`` key before calling the file not a trace."""
 
 _KEY = b'"traceEvents"'
 _WS = b" \t\r\n"
+_WS_RUN = re.compile(rb"[ \t\r\n]*")
+_ERROR_BYTE = re.compile(r"\(byte (\d+)\)")
 _generic = msgspec.json.Decoder()
 
 
@@ -40,11 +51,74 @@ def _wrap(buf: bytearray, end: int) -> bytes:
     return b"".join((b"[", memoryview(buf)[:end], b"]"))
 
 
+def _error_byte(err: msgspec.DecodeError) -> int | None:
+    """Where msgspec found the error, when it says so."""
+    m = _ERROR_BYTE.search(str(err))
+    return int(m.group(1)) if m else None
+
+
+def _ws_end(buf: bytearray, at: int) -> int:
+    """The index of the first non-whitespace byte at or after ``at`` (``len(buf)`` if none)."""
+    m = _WS_RUN.match(buf, at)
+    return m.end() if m else at
+
+
+def _is_truncation(err: msgspec.DecodeError) -> bool:
+    return "truncated" in str(err)
+
+
+def regular_size(path: str) -> int:
+    """The size of a regular file; anything else (a FIFO, a device, no permission) is a one-line error."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputNotFound(f"{path}: no such file or folder") from None
+    except OSError as err:
+        raise InputNotFound(f"{path}: cannot read ({err.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputNotFound(f"{path}: not a regular file", "give a trace file (.json, .json.gz) or a folder of them")
+    return st.st_size
+
+
+class _Cuts:
+    """Finds ``},`` + whitespace + ``{`` in a growing buffer, never scanning a byte twice."""
+
+    def __init__(self, at: int) -> None:
+        self.reset(at)
+
+    def reset(self, at: int) -> None:
+        self._scan = at
+        self._brace = -1
+        """A ``},`` whose whitespace run reached the end of the buffer; -1: none."""
+
+    def skip_to(self, at: int) -> None:
+        if at > self._scan:
+            self.reset(at)
+
+    def next(self, buf: bytearray) -> int | None:
+        """Index just past the ``}`` of the next boundary, or None until more bytes come."""
+        while True:
+            if self._brace < 0:
+                i = buf.find(b"},", self._scan)
+                if i < 0:
+                    self._scan = max(self._scan, len(buf) - 1)
+                    return None
+                self._brace, self._scan = i, i + 2
+            j = _ws_end(buf, self._scan)
+            if j == len(buf):
+                self._scan = j
+                return None
+            brace, self._brace, self._scan = self._brace, -1, self._brace + 1
+            if buf[j] == 0x7B:  # "{"
+                return brace + 1
+
+
 class TraceStream(Generic[T]):
     """Iterate decoded event chunks of one file; then read :attr:`header`.
 
-    :param decode: turns ``b"[ev, ev, ...]"`` into the caller's chunk type and raises
-        :class:`msgspec.DecodeError` (or ``ValidationError``) on bad input.
+    :param decode: turns ``b"[ev, ev, ...]"`` into the caller's chunk type; raises
+        :class:`msgspec.DecodeError` on bad JSON, :class:`msgspec.ValidationError` on a
+        value it cannot hold.
     :param progress: called with (compressed bytes read, file size) after each read.
     """
 
@@ -58,12 +132,18 @@ class TraceStream(Generic[T]):
         self.header: dict[str, Any] = {}
         self._decode = decode
         self._progress = progress
-        self._size = os.path.getsize(path)
+        self._size = regular_size(path)
 
     # -- raw bytes ---------------------------------------------------------------
     def _raw(self, f: BinaryIO) -> Iterator[bytes]:
         done = 0
-        while block := f.read(READ_BLOCK):
+        while True:
+            try:
+                block = f.read(READ_BLOCK)
+            except OSError as err:
+                raise CorruptInput(f"{self.path}: cannot read ({err.strerror})") from None
+            if not block:
+                return
             done += len(block)
             if self._progress:
                 self._progress(done, self._size)
@@ -104,113 +184,144 @@ class TraceStream(Generic[T]):
 
     # -- events --------------------------------------------------------------------
     def __iter__(self) -> Iterator[T]:
-        with open(self.path, "rb") as f:
+        try:
+            f = open(self.path, "rb")  # noqa: SIM115 - closed below, also when the caller stops early
+        except OSError as err:
+            raise InputNotFound(f"{self.path}: cannot read ({err.strerror})") from None
+        with f:
             blocks = self._blocks(f)
-            buf = bytearray()
+            buf = self._skip_header(blocks)
+            offset = 0  # bytes of the event list already decoded and dropped
+            target, misses = CHUNK, 0
+            cuts = _Cuts(target)
             for block in blocks:
                 buf += block
-                start = self._find_events(buf)
-                if start is not None:
-                    break
-                if len(buf) > HEADER_LIMIT:
-                    raise self._not_a_trace(bytes(buf[:4096]))
-            else:
-                raise self._not_a_trace(bytes(buf))
-            del buf[:start]
-            for block in blocks:
-                buf += block
-                while len(buf) > CHUNK:
-                    cut = self._cut(buf, CHUNK)
+                while len(buf) > target:
+                    cut = cuts.next(buf)
                     if cut is None:
                         break
-                    chunk = self._try_decode(buf, cut)
-                    if chunk is None:  # the cut was inside an event: grow
-                        grown = self._cut(buf, cut + 1)
-                        while grown is not None:
-                            chunk = self._try_decode(buf, grown)
-                            if chunk is not None:
-                                cut = grown
-                                break
-                            grown = self._cut(buf, grown + 1)
-                        if chunk is None:
-                            break  # wait for more bytes
+                    chunk = self._decode_at(buf, cut, offset)
+                    if chunk is None:  # the cut was inside an event: try the next one, then twice as far
+                        misses += 1
+                        target = cut + 1 if misses == 1 else 2 * cut
+                        cuts.skip_to(target)
+                        continue
                     yield chunk
                     nxt = buf.find(b"{", cut)
                     del buf[:nxt]
-            yield from self._finish(buf)
+                    offset += nxt
+                    target, misses = CHUNK, 0
+                    cuts.reset(target)
+                if len(buf) > CHUNK + MAX_EVENT:
+                    raise CorruptInput(
+                        f"{self.path}: no event ends within {MAX_EVENT >> 20} MiB (from byte {offset} of the "
+                        "event list)", "an event, a run of whitespace or an unclosed bracket that large "
+                        "is not a profiler trace")
+            yield from self._finish(buf, offset)
 
-    def _find_events(self, buf: bytearray) -> int | None:
-        """Offset just after the ``[`` that opens the events array, once it is in ``buf``."""
+    def _skip_header(self, blocks: Iterator[bytes]) -> bytearray:
+        """Read up to the ``[`` opening the events array; return what follows it."""
+        buf = bytearray()
+        searched = 0
+        for block in blocks:
+            buf += block
+            start, searched = self._find_events(buf, searched)
+            if start is not None:
+                del buf[:start]
+                return buf
+            if len(buf) > HEADER_LIMIT:
+                raise self._not_a_trace(bytes(buf[:4096]))
+        raise self._not_a_trace(bytes(buf))
+
+    def _find_events(self, buf: bytearray, searched: int) -> tuple[int | None, int]:
+        """Offset just after the ``[`` that opens the events array once it is in ``buf``, and where
+        to search from when more bytes come."""
         lead = bytes(buf[:4096]).lstrip(_WS)[:1]
         if lead == b"[":  # the bare-array form of the Chrome trace format
-            return buf.find(b"[") + 1
+            return buf.find(b"[") + 1, 0
         if lead and lead != b"{":
             raise CorruptInput(f"{self.path}: not JSON (starts with {bytes(lead)!r})",
                                "give a PyTorch profiler trace, .json or .json.gz")
-        key = buf.find(_KEY)
+        key = buf.find(_KEY, searched)
         if key < 0:
-            return None
-        bracket = buf.find(b"[", key + len(_KEY))
-        if bracket < 0:
-            return None
-        between = bytes(buf[key + len(_KEY):bracket]).strip(_WS)
-        if between != b":":
+            return None, max(0, len(buf) - len(_KEY))
+        colon = _ws_end(buf, key + len(_KEY))
+        value = _ws_end(buf, colon + 1)
+        if value >= len(buf):
+            return None, key
+        if buf[colon:colon + 1] != b":" or buf[value] != 0x5B:  # "["
             raise NotATrace(f"{self.path}: 'traceEvents' is not an array", "is this a Chrome trace?")
         self._merge_header(bytes(buf[:key]) + b'"traceEvents":null}')
-        return bracket + 1
+        return value + 1, key
 
-    @staticmethod
-    def _cut(buf: bytearray, at: int) -> int | None:
-        """Index just past a ``}`` that is followed by ``,`` and ``{``, at or after ``at``."""
-        while True:
-            i = buf.find(b"},", at)
-            if i < 0:
-                return None
-            j = i + 2
-            while j < len(buf) and buf[j] in _WS:
-                j += 1
-            if j < len(buf) and buf[j] == 0x7B:  # "{"
-                return i + 1
-            if j >= len(buf):
-                return None
-            at = i + 1
-
-    def _try_decode(self, buf: bytearray, cut: int) -> T | None:
+    def _decode_at(self, buf: bytearray, cut: int, offset: int) -> T | None:
+        """The events before ``cut``; None when the cut may have fallen inside an event."""
         try:
             return self._decode(_wrap(buf, cut))
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return None
+        except (msgspec.ValidationError, RecursionError) as err:  # a value, not the cut: the file is bad
+            raise self._invalid(err, offset, None) from None
+        except msgspec.DecodeError as err:
+            at = _error_byte(err)
+            if _is_truncation(err) or (at is not None and at >= cut):
+                return None
+            raise self._invalid(err, offset, at) from None
 
-    def _finish(self, buf: bytearray) -> Iterator[T]:
+    def _invalid(self, err: Exception, offset: int, at: int | None) -> GpuidleError:
+        """The error for bad bytes in the event list; ``at`` counts the ``[`` added before the chunk."""
+        where = f"at byte {offset + at - 1} of the event list" if at is not None else \
+            f"in the event list after byte {offset}"
+        if isinstance(err, RecursionError):
+            return CorruptInput(f"{self.path}: JSON nested too deeply {where}",
+                                "a profiler trace nests a few levels; the file is damaged or not a trace")
+        reason = str(err).removeprefix("JSON is malformed: ")
+        reason = _ERROR_BYTE.sub("", reason).strip()
+        return CorruptInput(f"{self.path}: invalid JSON {where} ({reason})", "the file is damaged or truncated")
+
+    def _finish(self, buf: bytearray, offset: int) -> Iterator[T]:
         """Decode the last chunk: find the ``]`` closing the array and the header tail.
 
-        Candidates are tried from the right; a ``]`` inside a key that follows the
-        array leaves a tail that is not an object, or events that do not decode.
+        Usually the last ``]`` closes the array; if not (a ``]`` in a key after it, bad
+        bytes), the decoder is given the rest and stops where the array ends.
         """
-        end = len(buf)
-        last_error: Exception | None = None
-        while True:
-            close = buf.rfind(b"]", 0, end)
-            if close < 0:
-                if last_error is not None:
-                    raise CorruptInput(f"{self.path}: invalid JSON in the event list ({last_error})",
-                                       "the file is damaged or truncated")
-                raise CorruptInput(
-                    f"{self.path}: the trace ends before its event list is closed",
-                    "the file is truncated; export it again",
-                )
-            end = close
+        close = buf.rfind(b"]")
+        if close >= 0:
             tail = self._tail(bytes(buf[close + 1:]).strip(_WS))
-            if tail is None:
-                continue
-            try:
-                last = self._decode(_wrap(buf, close))
-            except (msgspec.DecodeError, msgspec.ValidationError) as err:
-                last_error = err
-                continue
-            self.header.update(tail)
-            yield last
+            if tail is not None:
+                try:
+                    last = self._decode(_wrap(buf, close))
+                except (msgspec.ValidationError, RecursionError) as err:
+                    raise self._invalid(err, offset, None) from None
+                except msgspec.DecodeError:
+                    pass  # that "]" was not the array's end
+                else:
+                    self.header.update(tail)
+                    yield last
+                    return
+        try:
+            whole = self._decode(b"".join((b"[", buf)))  # a bare-array trace: the array is the rest
+        except (msgspec.ValidationError, RecursionError) as err:
+            raise self._invalid(err, offset, None) from None
+        except msgspec.DecodeError as err:
+            at = _error_byte(err)
+            if _is_truncation(err):
+                raise CorruptInput(f"{self.path}: the trace ends before its event list is closed",
+                                   "the file is truncated; export it again") from None
+            if at is None or "trailing characters" not in str(err):
+                raise self._invalid(err, offset, at) from None
+            close = buf.rfind(b"]", 0, at - 2)  # buf[at - 2] is the first character after the array
+        else:
+            yield whole
             return
+        tail = self._tail(bytes(buf[close + 1:]).strip(_WS))
+        if tail is None:
+            raise CorruptInput(f"{self.path}: invalid JSON after the event list",
+                               "the file is damaged or truncated")
+        try:
+            last = self._decode(_wrap(buf, close))
+        except (msgspec.DecodeError, RecursionError) as err:
+            raise self._invalid(err, offset, None) from None
+        self.header.update(tail)
+        yield last
 
     @staticmethod
     def _tail(tail: bytes) -> dict[str, Any] | None:
@@ -221,7 +332,7 @@ class TraceStream(Generic[T]):
             return None
         try:
             obj = _generic.decode(b"{" + tail[1:])
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return None
         return obj if isinstance(obj, dict) else None
 
@@ -230,17 +341,19 @@ class TraceStream(Generic[T]):
             obj = _generic.decode(text)
         except msgspec.DecodeError as err:
             raise CorruptInput(f"{self.path}: invalid JSON before the event list ({err})") from None
+        except RecursionError:
+            raise CorruptInput(f"{self.path}: JSON nested too deeply before the event list") from None
         if not isinstance(obj, dict):
             raise NotATrace(f"{self.path}: the top level is not a JSON object")
         obj.pop("traceEvents", None)
         self.header.update(obj)
 
-    def _not_a_trace(self, head: bytes) -> Exception:
+    def _not_a_trace(self, head: bytes) -> GpuidleError:
         if not head.strip(_WS):
             return CorruptInput(f"{self.path}: the file is empty", "the profiler did not finish writing it")
         try:
             obj = _generic.decode(head)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             if len(head) < HEADER_LIMIT:
                 return CorruptInput(f"{self.path}: not valid JSON",
                                     "give a PyTorch profiler trace, .json or .json.gz")

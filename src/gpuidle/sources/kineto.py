@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from gpuidle.errors import NoGpuActivity, NotATrace
+from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
 from gpuidle.model import (
     I64,
     CollectiveCalls,
@@ -34,96 +34,27 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.sources.jsonstream import TraceStream
+from gpuidle.sources.kineto_events import (
+    EMPTY_ARGS,
+    I32_MAX,
+    I32_MIN,
+    I64_MAX,
+    Args,
+    Event,
+    fit,
+    fits_int32,
+    int64,
+)
+from gpuidle.sources.kineto_events import decode_chunk as _decode_chunk
 
 FORMAT = "kineto"
 
-
-class _Args(msgspec.Struct, gc=False):
-    correlation: int = -1
-    device: int = -1
-    stream: int | str = -1
-    bytes: int = -1
-    collective: str = msgspec.field(default="", name="Collective name")
-    group: str = msgspec.field(default="", name="Process Group Name")
-    in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
-    out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
-    group_size: int = msgspec.field(default=-1, name="Group size")
-    dtype: str = ""
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
-
-
-class _Event(msgspec.Struct, gc=False):
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    ts: float = 0.0
-    dur: float = 0.0
-    pid: int | str = 0
-    tid: int | str = 0
-    args: _Args | None = None
-
-
-class _LooseEvent(msgspec.Struct):
-    """Fallback for chunks whose fields have unexpected types: coerced in Python."""
-
-    ph: Any = ""
-    cat: Any = ""
-    name: Any = ""
-    ts: Any = 0.0
-    dur: Any = 0.0
-    pid: Any = 0
-    tid: Any = 0
-    args: Any = None
-
-
-_EMPTY_ARGS = _Args()
-_strict = msgspec.json.Decoder(list[_Event])
-_loose = msgspec.json.Decoder(list[_LooseEvent])
-
-
-def _loose_to_strict(ev: _LooseEvent) -> _Event:
-    a = ev.args if isinstance(ev.args, dict) else {}
-
-    def num(v: Any, default: int = -1) -> int:
-        try:
-            return int(v)
-        except (TypeError, ValueError):
-            try:
-                return int(str(v), 0)
-            except (TypeError, ValueError):
-                return default
-
-    def fnum(v: Any) -> float:
-        try:
-            return float(v)
-        except (TypeError, ValueError):
-            return 0.0
-
-    args = _Args(
-        correlation=num(a.get("correlation")),
-        device=num(a.get("device")),
-        stream=num(a.get("stream")),
-        bytes=num(a.get("bytes")),
-        collective=str(a.get("Collective name", "")),
-        group=str(a.get("Process Group Name", "")),
-        in_nelems=num(a.get("In msg nelems")),
-        out_nelems=num(a.get("Out msg nelems")),
-        group_size=num(a.get("Group size")),
-        dtype=str(a.get("dtype", "")),
-        input_dims=msgspec.Raw(msgspec.json.encode(a.get("Input Dims", []))),
-        input_type=msgspec.Raw(msgspec.json.encode(a.get("Input type", []))),
-    )
-    pid = ev.pid if isinstance(ev.pid, int | str) else str(ev.pid)
-    tid = ev.tid if isinstance(ev.tid, int | str) else str(ev.tid)
-    return _Event(str(ev.ph), str(ev.cat), str(ev.name), fnum(ev.ts), fnum(ev.dur), pid, tid, args)
-
-
-def _decode_chunk(text: bytes) -> list[_Event]:
-    try:
-        return _strict.decode(text)
-    except msgspec.ValidationError:
-        return [_loose_to_strict(e) for e in _loose.decode(text)]
+MAX_TS_US = float(1 << 62) / 1000
+"""The latest timestamp read, in µs (year 2116 as Unix time): nanoseconds past it overflow int64."""
+MAX_SPAN_US = 7 * 86400 * 1e6
+"""The longest event, and the longest stretch of time one trace may cover: a week, far past any profile."""
+SKIP_TIME = "ts or dur missing, not a finite number, negative or out of range"
+SKIP_ID = "an id or size (pid, device, stream, correlation, bytes) past its integer range"
 
 
 _DEVICE_CATS = {
@@ -145,7 +76,7 @@ _HOST_CATS = {
 }
 _FOREIGN_ACCELERATOR = re.compile(r"^(mtia|xpu|hpu|tpu|npu|mps)_", re.IGNORECASE)
 _COLLECTIVE_KERNEL = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.IGNORECASE)
-_STREAM_TID = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
+_STREAM_TID = re.compile(r"stream\s*([0-9]{1,18})(?![0-9])", re.IGNORECASE)
 _DTYPE_BYTES = {
     "float": 4, "float32": 4, "int": 4, "int32": 4, "half": 2, "float16": 2, "bfloat16": 2,
     "bf16": 2, "c10::half": 2, "c10::bfloat16": 2, "double": 8, "float64": 8, "long": 8,
@@ -205,6 +136,8 @@ class _Columns:
         self._collective_ids: set[int] = set()
         self.events = 0
         self.hosts = 0
+        self.skipped: dict[str, list[Any]] = {}
+        """Reason -> [events skipped, the first one]."""
 
     @property
     def strings(self) -> list[str]:
@@ -214,7 +147,7 @@ class _Columns:
     def threads(self) -> list[tuple[str, str]]:
         return [(str(p), str(t)) for p, t in self.thread_ids]
 
-    def add(self, events: list[_Event]) -> None:
+    def add(self, events: list[Event]) -> None:
         self.events += len(events)
         code = np.array([_CODE.get(e.cat, -1) for e in events], dtype=np.int8)
         coded = np.flatnonzero(code >= 0)
@@ -226,42 +159,82 @@ class _Columns:
         dev_rows = np.flatnonzero((code >= 0) & (code < 10))
         if dev_rows.size:
             evs = [events[i] for i in dev_rows]
-            args = [e.args or _EMPTY_ARGS for e in evs]
-            d = self.dev
-            d["ts"].append(np.array([e.ts for e in evs], dtype=np.float64))
-            d["dur"].append(np.array([e.dur for e in evs], dtype=np.float64))
-            pid = np.array([e.pid if type(e.pid) is int else 0 for e in evs], dtype=np.int64)
-            device = np.array([a.device for a in args], dtype=np.int64)
-            d["device"].append(np.where(device >= 0, device, pid))
-            d["stream"].append(np.array([a.stream if type(a.stream) is int and a.stream >= 0 else _stream_of(e)
-                                         for a, e in zip(args, evs, strict=True)], dtype=np.int64))
-            d["kind"].append(code[dev_rows])
-            d["name"].append(np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64))
-            d["corr"].append(np.array([a.correlation for a in args], dtype=np.int64))
-            d["bytes"].append(np.array([a.bytes for a in args], dtype=np.int64))
+            args = [e.args or EMPTY_ARGS for e in evs]
+            ts, dur = self._times(evs)
+            pid, bad_pid = int64([e.pid if type(e.pid) is int else 0 for e in evs])
+            device, bad_device = int64([a.device for a in args])
+            bad_pid &= device < 0  # the pid names the device only where args do not
+            device = np.where(device >= 0, device, pid)
+            stream, bad_stream = int64([a.stream if type(a.stream) is int and a.stream >= 0 else _stream_of(e)
+                                         for a, e in zip(args, evs, strict=True)])
+            corr, bad_corr = int64([a.correlation for a in args])
+            nbytes, bad_bytes = int64([a.bytes for a in args])
+            bad_id = bad_pid | bad_device | bad_stream | bad_corr | bad_bytes | ~fits_int32(device) \
+                | ~fits_int32(stream)
+            keep = self._keep(evs, ts, dur, bad_id)
+            if keep is not None:
+                evs = [evs[i] for i in keep]
+                ts, dur = ts[keep], dur[keep]
+                device, stream, corr, nbytes = device[keep], stream[keep], corr[keep], nbytes[keep]
+                dev_rows = dev_rows[keep]
+            if evs:  # some may have been skipped
+                d = self.dev
+                d["ts"].append(ts)
+                d["dur"].append(dur)
+                d["device"].append(device)
+                d["stream"].append(stream)
+                d["kind"].append(code[dev_rows])
+                d["name"].append(np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64))
+                d["corr"].append(corr)
+                d["bytes"].append(nbytes)
         host_rows = np.flatnonzero(code >= 10)
         if host_rows.size:
             evs = [events[i] for i in host_rows]
-            h = self.host
-            h["ts"].append(np.array([e.ts for e in evs], dtype=np.float64))
-            h["dur"].append(np.array([e.dur for e in evs], dtype=np.float64))
-            h["thread"].append(self._thread_ids(evs))
-            kind = code[host_rows] - 10
-            h["kind"].append(kind)
-            names = np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64)
-            h["name"].append(names)
-            corr = np.array([(e.args or _EMPTY_ARGS).correlation for e in evs], dtype=np.int64)
-            h["corr"].append(np.where(kind == HostKind.RUNTIME, corr, -1))
-            self._collective_ids.update(known + i for i, n in enumerate(list(sid)[known:])
-                                        if n == "record_param_comms" or n.startswith("nccl:"))
-            if self._collective_ids:
-                for i in np.flatnonzero(np.isin(names, list(self._collective_ids))):
-                    e = evs[i]
-                    if e.args is not None:
-                        self._collective(self.hosts + int(i), e.name, e.args)
-            self.hosts += len(evs)
+            ts, dur = self._times(evs)
+            corr, bad_corr = int64([(e.args or EMPTY_ARGS).correlation for e in evs])
+            keep = self._keep(evs, ts, dur, bad_corr)
+            if keep is not None:
+                evs = [evs[i] for i in keep]
+                ts, dur, corr = ts[keep], dur[keep], corr[keep]
+                host_rows = host_rows[keep]
+            if evs:
+                h = self.host
+                h["ts"].append(ts)
+                h["dur"].append(dur)
+                h["thread"].append(self._thread_ids(evs))
+                kind = code[host_rows] - 10
+                h["kind"].append(kind)
+                names = np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64)
+                h["name"].append(names)
+                h["corr"].append(np.where(kind == HostKind.RUNTIME, corr, -1))
+                self._collective_ids.update(known + i for i, n in enumerate(list(sid)[known:])
+                                            if n == "record_param_comms" or n.startswith("nccl:"))
+                if self._collective_ids:
+                    for i in np.flatnonzero(np.isin(names, list(self._collective_ids))):
+                        e = evs[i]
+                        if e.args is not None:
+                            self._collective(self.hosts + int(i), e.name, e.args)
+                self.hosts += len(evs)
 
-    def _thread_ids(self, evs: list[_Event]) -> I64:
+    @staticmethod
+    def _times(evs: list[Event]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        return np.array([e.ts for e in evs], dtype=np.float64), np.array([e.dur for e in evs], dtype=np.float64)
+
+    def _keep(self, evs: list[Event], ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64],
+              bad_id: npt.NDArray[np.bool_]) -> I64 | None:
+        """Rows to keep when some events hold values the model cannot (None: keep all); the others are counted."""
+        with np.errstate(invalid="ignore"):
+            bad_time = ~((ts >= 0) & (ts <= MAX_TS_US) & (dur >= 0) & (dur <= MAX_SPAN_US))  # NaN compares False
+        bad = bad_time | bad_id
+        if not bad.any():
+            return None
+        for reason, rows in ((SKIP_TIME, np.flatnonzero(bad_time)), (SKIP_ID, np.flatnonzero(bad_id & ~bad_time))):
+            if rows.size:
+                e = evs[int(rows[0])]
+                self.skipped.setdefault(reason, [0, f"{e.name[:60]!r} ts={e.ts!r} dur={e.dur!r}"])[0] += rows.size
+        return np.flatnonzero(~bad)
+
+    def _thread_ids(self, evs: list[Event]) -> I64:
         """Thread index per event. Events come in runs of one thread, so with integer pid/tid the
         interning is per run, not per event."""
         tids = self.thread_ids
@@ -274,7 +247,7 @@ class _Columns:
         ids = np.array([tids.setdefault((evs[i].pid, evs[i].tid), len(tids)) for i in starts], dtype=np.int64)
         return np.repeat(ids, np.diff(np.append(starts, key.size)))
 
-    def _collective(self, index: int, name: str, a: _Args) -> None:
+    def _collective(self, index: int, name: str, a: Args) -> None:
         size = dtype_bytes(a.dtype) if a.dtype else -1
         inb = a.in_nelems * size if (a.in_nelems >= 0 and size > 0) else -1
         outb = a.out_nelems * size if (a.out_nelems >= 0 and size > 0) else -1
@@ -285,12 +258,12 @@ class _Columns:
         c["host"].append(index)
         c["name"].append(coll)
         c["group"].append(a.group)
-        c["inb"].append(inb)
-        c["outb"].append(outb)
-        c["size"].append(a.group_size)
+        c["inb"].append(fit(inb))
+        c["outb"].append(fit(outb))
+        c["size"].append(a.group_size if I32_MIN <= a.group_size <= I32_MAX else -1)
 
 
-def _stream_of(e: _Event) -> int:
+def _stream_of(e: Event) -> int:
     """Old traces name the stream in the tid (``"stream 7"``) rather than in args."""
     m = _STREAM_TID.search(str(e.tid))
     return int(m.group(1)) if m else (e.tid if type(e.tid) is int else 0)
@@ -300,23 +273,26 @@ def _bytes_from_dims(dims_raw: bytes, types_raw: bytes) -> int:
     try:
         dims = msgspec.json.decode(dims_raw)
         types = msgspec.json.decode(types_raw) if types_raw else []
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
+        return -1
+    if not isinstance(dims, list) or not isinstance(types, list):
         return -1
     total = 0
     for shape, dtype in zip(dims, types, strict=False):
         if not isinstance(shape, list) or not shape or not isinstance(dtype, str):
             continue
         size = dtype_bytes(dtype)
-        if size < 0 or not all(isinstance(d, int) for d in shape):
+        if size < 0 or not all(isinstance(d, int) and 0 <= d <= I64_MAX for d in shape):
             continue
         n = 1
         for d in shape:
             n *= d
         total += n * size
-    return total if total > 0 else -1
+    return fit(total) if total > 0 else -1
 
 
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP = re.compile(r"^ProfilerStep#([0-9]{1,18})$")
+"""Step numbers past 18 digits do not fit the model's int64 and are not steps."""
 
 
 def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timeline:
@@ -331,12 +307,16 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     for chunk in stream:
         cols.add(chunk)
     header = stream.header
+    skipped = [f"{n} events skipped: {reason} (first: {first})" for reason, (n, first) in cols.skipped.items()]
     if not cols.dev["ts"]:
         if cols.foreign:
             raise NotATrace(
                 f"{path}: a trace of a non-GPU accelerator ({', '.join(sorted(cols.foreign))} events)",
                 "gpuidle analyses CUDA and ROCm GPU traces",
             )
+        if skipped:
+            raise CorruptInput(f"{path}: no usable GPU events; {'; '.join(skipped)}",
+                               "the file is damaged or was not written by the profiler")
         if cols.events == 0 and not header:
             raise NotATrace(f"{path}: the trace holds no events", "was the profiler started?")
         raise NoGpuActivity(
@@ -347,6 +327,11 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     h = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.host.items()}
     strings = cols.strings
     t0_us = float(np.floor(min(d["ts"].min(), h["ts"].min() if h["ts"].size else np.inf)))
+    end_us = max(float((d["ts"] + d["dur"]).max()), float((h["ts"] + h["dur"]).max()) if h["ts"].size else 0.0)
+    if end_us - t0_us > MAX_SPAN_US:
+        raise CorruptInput(f"{path}: the events span {(end_us - t0_us) / 86400e6:.0f} days "
+                           f"(from ts {t0_us:.0f} to {end_us:.0f} µs)",
+                           "timestamps from different clocks, or a damaged file; a profile covers seconds")
     dstart = _to_ns(d["ts"] - t0_us)
     hstart = _to_ns(h["ts"] - t0_us)
     names = d["name"].astype(np.int32)
@@ -381,6 +366,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
         group_size=np.asarray(c["size"], dtype=np.int32),
     )
     meta = _meta(path, header, int(t0_us) * 1000)
+    meta.notes.extend(skipped)
     return Timeline(
         strings=strings, threads=cols.threads, device_ops=device_ops, host=host,
         collectives=collectives, steps=_profiler_steps(strings, host), meta=meta,
@@ -403,13 +389,21 @@ def _profiler_steps(strings: list[str], host: HostEvents) -> Steps:
     return Steps(number, host.start[rows].copy(), host.end[rows].copy(), "profiler_step")
 
 
+def _is_int(value: Any, least: int) -> bool:
+    """A rank, world size or device id: an int (not a bool) from ``least`` up to int32."""
+    return type(value) is int and least <= value <= I32_MAX
+
+
 def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
     meta = TraceMeta(path=path, format=FORMAT, t0_ns=t0_ns)
     info = header.get("distributedInfo")
     if isinstance(info, dict):
         rank, world = info.get("rank"), info.get("world_size")
-        meta.rank = rank if isinstance(rank, int) else None
-        meta.world_size = world if isinstance(world, int) else None
+        meta.rank = rank if _is_int(rank, 0) else None
+        meta.world_size = world if _is_int(world, 1) else None
+        for key, value, kept in (("rank", rank, meta.rank), ("world_size", world, meta.world_size)):
+            if value is not None and kept is None:
+                meta.notes.append(f"distributedInfo.{key} {str(value)[:40]!r} is not a count: ignored")
         backend = info.get("backend")
         meta.backend = backend if isinstance(backend, str) else None
         groups = info.get("pg_config")
@@ -420,8 +414,8 @@ def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
     props = header.get("deviceProperties")
     if isinstance(props, list):
         for p in props:
-            if isinstance(p, dict) and isinstance(p.get("id"), int) and isinstance(p.get("name"), str):
+            if isinstance(p, dict) and _is_int(p.get("id"), 0) and isinstance(p.get("name"), str):
                 meta.device_names[p["id"]] = p["name"]
-                if isinstance(p.get("computeMajor"), int) and isinstance(p.get("computeMinor"), int):
+                if _is_int(p.get("computeMajor"), 0) and _is_int(p.get("computeMinor"), 0):
                     meta.device_capability[p["id"]] = f"{p['computeMajor']}.{p['computeMinor']}"
     return meta

@@ -1,12 +1,13 @@
-"""A Prometheus range-query export: ``/api/v1/query_range`` JSON of dcgm-exporter metrics.
+"""A Prometheus range-query export: ``/api/v1/query_range`` JSON of dcgm-exporter or gpuidle metrics.
 
 The response is ``{"status": "success", "data": {"resultType": "matrix", "result": [...]}}``;
 each result is one series, ``{"metric": {labels}, "values": [[unix_s, "value"], ...]}``.
 dcgm-exporter labels a GPU with ``gpu`` (the index), ``UUID``, ``modelName`` and
-``Hostname``; one export may hold several hosts, each GPU becomes one device (numbered in
-order of host, then index, when there is more than one host). Values are strings (``"NaN"``
-included); a series' own timestamps are kept, so series scraped at different moments each
-keep their samples.
+``Hostname``, and ``gpuidle monitor --prometheus-port`` labels its ``gpuidle_gpu_*``
+series the same way (their ``job``/``rank`` labels are not needed here). One export may
+hold several hosts; each GPU becomes one device (numbered in order of host, then index,
+when there is more than one host). Values are strings (``"NaN"`` included); a series' own
+timestamps are kept, so series scraped at different moments each keep their samples.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.errors import CorruptInput, NotATrace
-from gpuidle.model import DeviceSeries, UtilSeries
+from gpuidle.model import GPU_GAUGES, GPU_METRICS, DeviceSeries, UtilSeries
 
 FORMAT_PROMETHEUS = "prometheus-range"
 
@@ -43,6 +44,8 @@ METRICS: dict[str, tuple[str, float]] = {
     "DCGM_FI_PROF_NVLINK_TX_BYTES": ("nvlink_tx_mib_s", 1.0 / MIB),
 }
 """dcgm-exporter metric -> our column and the factor into its unit (MiB are DCGM's MB; PCIe bytes/s)."""
+METRICS.update({m.name: (m.column, 1.0 / m.scale) for m in GPU_GAUGES if m.column in GPU_METRICS})
+"""... and gpuidle's own exporter, whose catalogue says how each gauge was scaled from its column."""
 FB_PARTS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
 """Total device memory is used + free (+ reserved), at the timestamps all are known."""
 
@@ -100,8 +103,8 @@ def read(text: str, path: str) -> UtilSeries:
                 points[tv[0]] = tv[1]
     if not cols:
         found = ", ".join(sorted(n for n in seen if n)[:5]) or "none"
-        raise NotATrace(f"{path}: no GPU series of dcgm-exporter in this export (metrics: {found})",
-                        "query e.g. DCGM_FI_DEV_GPU_UTIL, with the gpu label kept")
+        raise NotATrace(f"{path}: no GPU series of dcgm-exporter or gpuidle in this export (metrics: {found})",
+                        "query e.g. DCGM_FI_DEV_GPU_UTIL or gpuidle_gpu_utilization_ratio, with the gpu label kept")
     notes = [f"{skipped} unreadable series or point(s) ignored"] if skipped else []
     return _series(cols, names, path, notes)
 

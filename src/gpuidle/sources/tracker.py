@@ -35,8 +35,17 @@ _decoder = msgspec.json.Decoder(TrackerLine)
 
 
 def is_tracker_path(path: str | Path) -> bool:
-    """A tracker folder (a summary or a rank log inside), a rank log, or the summary itself."""
-    p = Path(path)
+    """A tracker folder (a summary or a rank log inside), a rank log, or the summary itself.
+
+    A path that cannot be read is not: the trace reader then says why it cannot be read.
+    """
+    try:
+        return _is_tracker_path(Path(path))
+    except OSError:
+        return False
+
+
+def _is_tracker_path(p: Path) -> bool:
     if p.is_dir():
         return (p / TRACKER_SUMMARY).is_file() or any(RANK_LOG.fullmatch(f.name) for f in p.iterdir())
     if not p.is_file():
@@ -84,7 +93,7 @@ def read(paths: Sequence[str | Path]) -> TrackerRun:
     for f in logs:
         try:
             series.append(read_log(f))
-        except (CorruptInput, NotATrace) as err:
+        except (CorruptInput, NotATrace, InputNotFound) as err:
             if len(logs) == 1:
                 raise
             skipped.append(f"{f}: {err}")
@@ -138,6 +147,10 @@ def read_log(path: str | Path) -> StepSeries:
             steps.append(item)
         elif isinstance(item, TrackerEnd):
             end = item
+    if not steps:
+        raise InputNotFound(f"{p}: a tracker log without steps (a header only)",
+                            f"the job stopped before the tracker wrote a step: steps are written every {head.every} "
+                            "steps and at tracker.close()")
     if end is None:
         notes.append(f"{p.name} has no end line: the job stopped before tracker.close(), its last steps are missing")
     else:

@@ -1,0 +1,100 @@
+"""DDP's communication, timed: a comm hook wrapper that marks each bucket ready and done.
+
+DDP hands its hook one bucket at a time, in bucket order, as soon as the bucket's gradients
+are all computed; the hook returns a future that completes when the bucket's all-reduce
+has. The wrapper places a marker when the bucket is handed over (*ready*) and one in the
+future's callback (*done*): on the host clock without CUDA, as CUDA events otherwise (the
+callback runs on streams that wait for the communication, so its event completes with it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gpuidle.errors import GpuidleError
+
+from .clock import DeviceClock
+
+if TYPE_CHECKING:
+    from .core import StepTracker
+
+
+class BucketSink:
+    """Where DDP's hook reports buckets: the tracker while it runs, nothing once it closed."""
+
+    __slots__ = ("tracker",)
+
+    def __init__(self, tracker: StepTracker) -> None:
+        self.tracker: StepTracker | None = tracker
+
+    def ready(self, buffer: torch.Tensor) -> list[Any] | None:
+        t = self.tracker
+        return t._bucket_ready(buffer) if t is not None else None
+
+    def done(self, entry: list[Any]) -> None:
+        t = self.tracker
+        if t is not None:
+            t._bucket_done(entry)
+
+
+def timed_hook(
+    hook: Callable[..., torch.futures.Future[torch.Tensor]],
+    ready: Callable[[torch.Tensor], list[Any] | None],
+    done: Callable[[list[Any]], None],
+) -> Callable[..., torch.futures.Future[torch.Tensor]]:
+    """``hook`` wrapped so that each bucket is marked when it is handed over and when its future completes.
+
+    For CUDA tensors the ``then`` callback runs on streams that wait for the communication,
+    so a device marker recorded there completes with it. When ``ready`` returns None the
+    bucket passes straight through, with no callback added.
+    """
+
+    # No annotations: DDP compares them by identity, and here they would be strings.
+    def gpuidle_timed_hook(state, bucket):  # type: ignore[no-untyped-def]
+        entry = ready(bucket.buffer())
+        fut = hook(state, bucket)
+        if entry is None:
+            return fut
+
+        def finished(f):  # type: ignore[no-untyped-def]
+            done(entry)
+            return f.value()
+
+        return fut.then(finished)
+
+    return gpuidle_timed_hook
+
+
+def register(model: torch.nn.Module, sink: BucketSink, state: object = None,
+             hook: Callable[..., torch.futures.Future[torch.Tensor]] | None = None) -> str:
+    """Register ``hook`` (default: DDP's own all-reduce) on ``model``, timed into ``sink``; return its name."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise GpuidleError(f"watch_ddp needs a DistributedDataParallel model, not {type(model).__name__}")
+    if getattr(model, "_comm_hooks", None):
+        raise GpuidleError("this DDP model already has a comm hook",
+                           "pass it to tracker.watch_ddp(model, state, hook) instead of registering it")
+    inner = hook if hook is not None else default_hooks.allreduce_hook
+    model.register_comm_hook(state, timed_hook(inner, sink.ready, sink.done))
+    return getattr(inner, "__name__", type(inner).__name__)
+
+
+def comm_times(clock: DeviceClock, buckets: list[list[Any]]) -> tuple[int, int]:
+    """Union of the buckets' [ready, done] spans, and the part after the last bucket was ready."""
+    done = [(c[0], c[1]) for c in buckets if c[1] is not None]
+    if not done:
+        return 0, 0
+    ref = done[0][0]
+    spans = sorted((clock.elapsed_ns(ref, a), clock.elapsed_ns(ref, b)) for a, b in done)
+    union, reach = 0, spans[0][0]
+    for a, b in spans:
+        a = max(a, reach)
+        if b > a:
+            union += b - a
+            reach = b
+    exposed = max(0, max(b for _, b in spans) - max(a for a, _ in spans))
+    return union, exposed

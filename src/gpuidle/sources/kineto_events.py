@@ -1,0 +1,127 @@
+"""Kineto events as decoded: typed structs, a lenient fallback for odd types, and integer ranges.
+
+The typed decoder reads only the fields used. A chunk it refuses (a string where a number
+belongs, an element that is not an object) is decoded generically and coerced in Python;
+integers are kept unbounded there, and :func:`int64` tells which ones the model cannot hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from gpuidle.model import I64
+
+
+class Args(msgspec.Struct, gc=False):
+    correlation: int = -1
+    device: int = -1
+    stream: int | str = -1
+    bytes: int = -1
+    collective: str = msgspec.field(default="", name="Collective name")
+    group: str = msgspec.field(default="", name="Process Group Name")
+    in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
+    out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
+    group_size: int = msgspec.field(default=-1, name="Group size")
+    dtype: str = ""
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+
+
+NO_TIME = float("nan")
+"""A missing ``ts`` or ``dur``: not a number, so the event is skipped with the out-of-range ones."""
+
+
+class Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: float = NO_TIME
+    dur: float = NO_TIME
+    pid: int | str = 0
+    tid: int | str = 0
+    args: Args | None = None
+
+
+EMPTY_ARGS = Args()
+_strict = msgspec.json.Decoder(list[Event])
+_loose = msgspec.json.Decoder(list[Any])
+
+
+def _int(v: Any, default: int = -1) -> int:
+    """An integer from a number or a numeric string (``"0x1f"`` too); unbounded, checked later."""
+    if isinstance(v, bool) or v is None:
+        return default
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):
+        try:
+            return int(str(v), 0)
+        except (TypeError, ValueError):
+            return default
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, bool) or v is None:
+        return NO_TIME
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError):
+        return NO_TIME
+
+
+def _loose_to_strict(ev: dict[str, Any]) -> Event:
+    a = ev.get("args")
+    a = a if isinstance(a, dict) else {}
+    args = Args(
+        correlation=_int(a.get("correlation")),
+        device=_int(a.get("device")),
+        stream=_int(a.get("stream")),
+        bytes=_int(a.get("bytes")),
+        collective=str(a.get("Collective name", "")),
+        group=str(a.get("Process Group Name", "")),
+        in_nelems=_int(a.get("In msg nelems")),
+        out_nelems=_int(a.get("Out msg nelems")),
+        group_size=_int(a.get("Group size")),
+        dtype=str(a.get("dtype", "")),
+        input_dims=msgspec.Raw(msgspec.json.encode(a.get("Input Dims", []))),
+        input_type=msgspec.Raw(msgspec.json.encode(a.get("Input type", []))),
+    )
+    pid, tid = ev.get("pid", 0), ev.get("tid", 0)
+    pid = pid if isinstance(pid, int | str) and not isinstance(pid, bool) else str(pid)
+    tid = tid if isinstance(tid, int | str) and not isinstance(tid, bool) else str(tid)
+    return Event(str(ev.get("ph", "")), str(ev.get("cat", "")), str(ev.get("name", "")),
+                  _float(ev.get("ts")), _float(ev.get("dur")), pid, tid, args)
+
+
+def decode_chunk(text: bytes) -> list[Event]:
+    """Typed decoding; a chunk with unexpected types (or elements that are not objects) is coerced in Python."""
+    try:
+        return _strict.decode(text)
+    except msgspec.ValidationError:
+        return [_loose_to_strict(e) for e in _loose.decode(text) if isinstance(e, dict)]
+
+
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def int64(values: list[int]) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """The values as int64, and which were out of its range (those read -1)."""
+    try:
+        return np.array(values, dtype=np.int64), np.zeros(len(values), dtype=bool)
+    except OverflowError:
+        bad = np.array([not I64_MIN <= v <= I64_MAX for v in values], dtype=bool)
+        return np.array([-1 if b else v for v, b in zip(values, bad, strict=True)], dtype=np.int64), bad
+
+
+def fits_int32(values: I64) -> npt.NDArray[np.bool_]:
+    return (values >= I32_MIN) & (values <= I32_MAX)
+
+
+def fit(value: int) -> int:
+    """A count or size beyond int64 is as good as unknown."""
+    return value if I64_MIN <= value <= I64_MAX else -1
