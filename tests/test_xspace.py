@@ -105,6 +105,12 @@ def test_real_profile_links_launches_and_merges_api_threads() -> None:
 def test_format_detection_and_folders(tmp_path: Path) -> None:
     assert is_xspace(str(MI300X))
     assert not is_xspace(str(DATA / "nccl_parser_config__nccl_data.json.gz"))
+    renamed = tmp_path / "profile.bin"  # no telling extension: the content says
+    renamed.write_bytes(MI300X.read_bytes())
+    assert is_xspace(str(renamed))
+    text = tmp_path / "notes.txt"
+    text.write_bytes(b"\nnot a profile\n")
+    assert not is_xspace(str(text))
     run = tmp_path / "logs" / "plugins" / "profile" / "2026_01_01_00_00_00"
     run.mkdir(parents=True)
     shutil.copy(MI300X, run / "host-a.xplane.pb")

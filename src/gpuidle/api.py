@@ -106,8 +106,8 @@ def read_timelines(path: str, progress: Callable[[int, int], None] | None = None
 
 
 def is_xspace(path: str | Path) -> bool:
-    """An XSpace profile (JAX, TensorFlow): ``*.pb``, a protobuf whose first field is a plane, or the
-    Chrome JSON xprof writes from one (its first processes are XSpace planes, ``/host:CPU``)."""
+    """An XSpace profile (JAX, TensorFlow): ``*.pb``, a protobuf whose first field is a plane named like
+    one, or the Chrome JSON xprof writes from one (its first processes are XSpace planes, ``/host:CPU``)."""
     import gzip
     import zlib
 
@@ -123,7 +123,8 @@ def is_xspace(path: str | Path) -> bool:
         return False  # the Kineto reader says what is wrong with it
     if head.lstrip()[:1] in (b"{", b"["):
         return xplanes.is_xspace_json(head)
-    return head[:1] == b"\n"  # XSpace.planes: field 1, length-delimited
+    # XSpace.planes is field 1 (length-delimited, tag 0x0a), and the first plane is named early
+    return head[:1] == b"\n" and (b"/host:" in head or b"/device:" in head)
 
 
 def _is_regular(path: Path) -> bool:
