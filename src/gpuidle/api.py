@@ -452,7 +452,7 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     from gpuidle.report import annotate
 
     tl = timeline if timeline is not None else idle_timeline(src)
-    if is_nsys(src) or src.name.endswith(".pb"):  # not a Chrome trace: its timeline is converted to one
+    if is_nsys(src) or (is_xspace(src) and not _looks_like_trace(src)):  # not a Chrome trace: converted
         from gpuidle.report import chrome
 
         source = _rank_timeline(str(src), tl.rank)
@@ -540,10 +540,10 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
                                "give a report written by gpuidle analyze --json, a run id or a label") from None
         return report, comparison.RunInfo(ref=str(p))
     path = Path(ledger_path).expanduser() if ledger_path is not None else ledger.default_path()
-    if not path.exists():
+    if not ledger.exists(path):
         raise GpuidleError(f"{ref!r} is neither a report file nor a recorded run (no ledger at {path} yet)",
                            "gpuidle analyze records runs; gpuidle history lists them")
-    with ledger.Ledger(path) as book:
+    with ledger.Ledger.for_reading(path) as book:
         run = book.find(ref)
     return run.analysis(), comparison.RunInfo(ref=f"run {run.id}", label=run.label, batch_size=run.batch_size,
                                               gpu_model=run.gpu_model)

@@ -14,8 +14,12 @@ transaction, so several processes (one per node of a job) can record at once wit
 corrupting it; SQLite's busy timeout makes them queue. The schema is versioned
 (``PRAGMA user_version``) and upgraded in place by :data:`MIGRATIONS`, inside a
 transaction. The file is marked as ours with ``PRAGMA application_id``: a database
-of another program, a file that is not SQLite, or a ledger written by a newer gpuidle
-is refused with a :class:`LedgerError`, never modified.
+of another program (tables of its own, or its own application id even before it has
+tables), a file that is not SQLite, a damaged ledger (SQLite's ``quick_check`` fails
+inside the write transaction, before anything is written) or a ledger written by a
+newer gpuidle is refused with a :class:`LedgerError`, never modified. Readers
+(:meth:`Ledger.for_reading`) open the file read-only when gpuidle may not write it or
+its folder, so ``history`` reads a WAL ledger in a read-only folder too.
 
 Other commands record through :func:`record`::
 
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypedDict
+from urllib.parse import quote
 
 import msgspec
 
@@ -165,23 +170,53 @@ _COLUMNS = ("id, kind, created, label, notes, host, gpu_model, gpu_count, batch_
             "utilization, step_s, report")
 
 
-class Ledger:
-    """An open ledger. Use as a context manager, or call :meth:`close`."""
+def exists(path: str | Path) -> bool:
+    """Whether there is a ledger file at ``path``; a folder on the way gpuidle may not search is a LedgerError."""
+    try:
+        return Path(path).expanduser().exists()
+    except OSError as err:
+        raise LedgerError(f"{path}: cannot open the ledger ({err.strerror})") from None
 
-    def __init__(self, path: str | Path | None = None) -> None:
+
+class Ledger:
+    """An open ledger. Use as a context manager, or call :meth:`close`.
+
+    ``read_only``: open the file without ever writing it (no migration: a ledger of an older
+    schema must be upgraded by a writer first).
+    """
+
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False) -> None:
         self.path = Path(path).expanduser() if path is not None else default_path()
-        if self.path.is_dir():
-            raise LedgerError(f"{self.path}: is a folder, not a ledger file", "give a file path to --ledger")
+        self.read_only = read_only
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        except (OSError, sqlite3.Error) as err:
+            if self.path.is_dir():
+                raise LedgerError(f"{self.path}: is a folder, not a ledger file", "give a file path to --ledger")
+            if not read_only:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = self._connect("mode=ro" if read_only else None)
+        except OSError as err:
+            raise LedgerError(f"{self.path}: cannot open the ledger ({err.strerror})") from None
+        except sqlite3.Error as err:
             raise LedgerError(f"{self.path}: cannot open the ledger ({err})") from None
         try:
             self._prepare()
         except BaseException:
             self._db.close()
             raise
+
+    @classmethod
+    def for_reading(cls, path: str | Path) -> Ledger:
+        """Open to read: as a writer when gpuidle may write the file and its folder (so an older schema is
+        upgraded); else read-only."""
+        p = Path(path).expanduser()
+        writable = os.access(p, os.W_OK) and os.access(p.parent, os.W_OK)
+        return cls(p, read_only=not writable)
+
+    def _connect(self, uri_options: str | None) -> sqlite3.Connection:
+        if uri_options is None:
+            return sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        uri = f"file:{quote(str(self.path.absolute()))}?{uri_options}"
+        return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
 
     def __enter__(self) -> Ledger:
         return self
@@ -195,6 +230,9 @@ class Ledger:
     # -- opening: identity, version, migrations -------------------------------------
     def _prepare(self) -> None:
         with self._errors("open"):
+            if self.read_only:
+                self._prepare_read_only()
+                return
             app_id, version, tables = self._identity()
             self._check(app_id, version, tables)
             if version < SCHEMA_VERSION:
@@ -203,6 +241,21 @@ class Ledger:
             with suppress(sqlite3.OperationalError):  # another process is switching it now; WAL once set
                 self._db.execute("PRAGMA journal_mode = WAL")
 
+    def _prepare_read_only(self) -> None:
+        try:
+            app_id, version, tables = self._identity()
+        except sqlite3.OperationalError:
+            # a WAL ledger in a folder gpuidle may not write: SQLite cannot make its -shm file there,
+            # so read the file as it stands (no writer can be adding to it from here either)
+            self._db.close()
+            self._db = self._connect("immutable=1")
+            app_id, version, tables = self._identity()
+        self._check(app_id, version, tables)
+        if version < SCHEMA_VERSION:
+            raise LedgerError(f"{self.path}: a ledger of schema {version} needs an upgrade to {SCHEMA_VERSION}, "
+                              f"and gpuidle may not write the file or its folder",
+                              "record one run with write access to upgrade it")
+
     def _identity(self) -> tuple[int, int, int]:
         app_id = self._db.execute("PRAGMA application_id").fetchone()[0]
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -210,7 +263,7 @@ class Ledger:
         return int(app_id), int(version), int(tables)
 
     def _check(self, app_id: int, version: int, tables: int) -> None:
-        if app_id != APPLICATION_ID and (tables or version):
+        if app_id != APPLICATION_ID and (app_id or tables or version):
             raise LedgerError(f"{self.path}: this SQLite database is not a gpuidle ledger",
                               "give another --ledger path; the file was left untouched")
         if version > SCHEMA_VERSION:
@@ -225,6 +278,7 @@ class Ledger:
         try:
             app_id, version, tables = self._identity()
             self._check(app_id, version, tables)
+            self._check_intact()
             for step in MIGRATIONS[version:]:
                 for statement in step:
                     db.execute(statement)
@@ -245,11 +299,25 @@ class Ledger:
                                   "give another --ledger path; the file was left untouched") from None
             raise LedgerError(f"{self.path}: cannot {doing} the ledger ({text})") from None
 
+    def _check_intact(self) -> None:
+        """Refuse to write to a damaged file: a write could spread the damage over the runs still readable.
+
+        ``quick_check`` (the b-tree structure, without matching indexes to tables) reads every page
+        once; run inside the write transaction, it checks exactly the file the write lands on.
+        """
+        problems = [str(row[0]) for row in self._db.execute("PRAGMA quick_check(3)")]
+        if problems != ["ok"]:
+            first = problems[0].replace("*** in database main ***", "").strip().splitlines()[0]
+            raise LedgerError(f"{self.path}: the ledger is damaged ({first})",
+                              "give another --ledger path; the file was left untouched, and "
+                              "`sqlite3 FILE .recover` saves the runs still readable")
+
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         with self._errors("write"):
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                self._check_intact()
                 yield self._db
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -384,6 +452,8 @@ def git_state(workdir: str | Path | None = None) -> tuple[str | None, bool | Non
     """``(commit, dirty)`` of the git working tree around ``workdir`` (default: the current directory).
 
     ``(None, None)`` outside a repository or without git. Untracked files do not count as dirty.
+    Read without writing: a plain ``git status`` refreshes ``.git/index`` (through ``index.lock``)
+    and can collide with the user's own git commands; ``--no-optional-locks`` leaves it alone.
     """
     cwd = str(workdir) if workdir is not None else os.getcwd()
     try:
@@ -391,8 +461,8 @@ def git_state(workdir: str | Path | None = None) -> tuple[str | None, bool | Non
                               timeout=10, check=False)
         if head.returncode != 0:
             return None, None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                                capture_output=True, text=True, timeout=30, check=False)
+        status = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
         return None, None
     dirty = bool(status.stdout.strip()) if status.returncode == 0 else None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuidle.analysis.counter_range import without_impossible_values
 from gpuidle.model import (
     F64,
     SLOWDOWN_REASONS,
@@ -283,7 +284,7 @@ def _throttle_share(mask: F64 | None, busy: np.ndarray) -> dict[str, float]:
     ok = busy & np.isfinite(mask)
     if not ok.any():
         return {}
-    bits = mask[ok].astype(np.int64)
+    bits = np.fmod(mask[ok], 2.0**32).astype(np.int64)  # the reasons are low bits; a mask can use all 64
     out = {}
     for bit, name in THROTTLE_REASONS.items():
         s = float(np.mean((bits & bit) != 0))
@@ -592,6 +593,8 @@ def analyze(series: UtilSeries, opt: UtilOptions = UtilOptions()) -> UtilAnalysi
     elif series.used_devices is not None and series.devices:
         notes.append("the command's processes were not seen on any GPU (another PID namespace?): "
                      "all devices analysed")
+    devices, impossible = without_impossible_values(devices)
+    notes.extend(impossible)
     interval = median_interval(series)
     host = series.host if series.host is not None and len(series.host) else None
     win = find_window(devices, host, interval, opt.idle_pct)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from gpuidle import __version__
 from gpuidle.cli.common import Parser
 from gpuidle.errors import GpuidleError
+from gpuidle.report.text import printable
 
 MODULES = ("analyze", "history", "probe", "live")
 """The modules under ``gpuidle.cli``, each with ``register(subparsers)``, in ``--help`` order."""
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except GpuidleError as err:
-        print(f"gpuidle: error: {err}", file=sys.stderr)
+        print(f"gpuidle: error: {printable(str(err))}", file=sys.stderr)  # it may quote a file's name
         return 2
     except KeyboardInterrupt:
         print("gpuidle: interrupted", file=sys.stderr)

@@ -18,6 +18,7 @@ from gpuidle.cli.common import (
     positive_int,
     record_run,
     refuse_conflicting_formats,
+    refuse_overwriting_inputs,
     use_color,
     warn,
 )
@@ -100,9 +101,12 @@ def run(args: argparse.Namespace) -> int:
     from gpuidle.report.common import RenderOptions
 
     fmt = format_for(REPORT_FORMATS, refuse_conflicting_formats(args), args.out)
+    outputs = {"--out": args.out, "--html": args.html, "--annotate": args.annotate}
+    refuse_overwriting_inputs(args.paths, outputs)
     with _progress(args.paths, not args.no_progress) as progress:
         report = api.analyze(args.paths, workers=args.workers, progress=progress, warn=warn,
                              include_warmup=args.include_warmup)
+    refuse_overwriting_inputs(api.analysis_inputs(report), outputs)  # the traces found in a folder
     if args.price_per_gpu_hour is not None:
         report = api.with_cost(report, args.price_per_gpu_hour, args.hours)
     options = RenderOptions(top=args.top, color=use_color(args, args.out is None and sys.stdout.isatty()))
@@ -117,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
     if pages or args.annotate:
         timeline = api.timeline_for(report)
         if timeline.note:
-            print(f"gpuidle: timeline of {timeline.path}: {timeline.note}", file=sys.stderr)
+            from gpuidle.report.text import printable
+
+            print(printable(f"gpuidle: timeline of {timeline.path}: {timeline.note}"), file=sys.stderr)
         if pages:
             from gpuidle.report import html
 

@@ -6,11 +6,12 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from gpuidle.errors import GpuidleError
+from gpuidle.report.text import printable
 
 if TYPE_CHECKING:
     from gpuidle.ledger import Facts
@@ -97,7 +98,8 @@ def refuse_conflicting_formats(args: argparse.Namespace) -> str | None:
 
 
 def warn(message: str) -> None:
-    print(f"gpuidle: warning: {message}", file=sys.stderr)
+    """One line on stderr; names from the inputs in it are shown escaped (see :mod:`gpuidle.report.text`)."""
+    print(f"gpuidle: warning: {printable(message)}", file=sys.stderr)
 
 
 def emit(text: str, out: str | None) -> None:
@@ -110,6 +112,25 @@ def emit(text: str, out: str | None) -> None:
             f.write(text)
     except OSError as err:
         raise GpuidleError(f"cannot write {out}: {err.strerror}") from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and a.samefile(b)  # links and other spellings included
+    except OSError:
+        return False
+
+
+def refuse_overwriting_inputs(inputs: Iterable[str | Path | None], outputs: Mapping[str, str | None]) -> None:
+    """Refuse, before anything is written, an output (``{"--out": path}``) that is one of the inputs:
+    an input is only ever read."""
+    given = [Path(x) for x in inputs if x is not None]
+    for flag, out in outputs.items():
+        if out is None:
+            continue
+        hit = next((x for x in given if _same_file(Path(out), x)), None)
+        if hit is not None:
+            raise GpuidleError(f"{flag} {out} would overwrite the input {hit}", "give another output path")
 
 
 def add_ledger_option(p: argparse.ArgumentParser, write: bool = True) -> None:

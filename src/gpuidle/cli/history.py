@@ -13,10 +13,19 @@ from rich.table import Table
 
 from gpuidle import api, ledger
 from gpuidle.analysis import compare as comparison
-from gpuidle.cli.common import Parser, add_ledger_option, emit, positive_float, positive_int, use_color
+from gpuidle.cli.common import (
+    Parser,
+    add_ledger_option,
+    emit,
+    positive_float,
+    positive_int,
+    refuse_overwriting_inputs,
+    use_color,
+)
 from gpuidle.report import html
 from gpuidle.report.common import RenderOptions, ms, pct
 from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for
+from gpuidle.report.text import printable
 
 
 def register(sub: argparse._SubParsersAction[Parser]) -> None:
@@ -72,10 +81,10 @@ def _gpus(r: ledger.Run) -> str:
 
 def run_history(args: argparse.Namespace) -> int:
     path = Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
-    if not path.exists():
+    if not ledger.exists(path):
         runs: list[ledger.Run] = []
     else:
-        with ledger.Ledger(path) as book:
+        with ledger.Ledger.for_reading(path) as book:
             runs = book.runs(limit=args.limit) if args.kind is None else \
                 [r for r in book.runs() if _of_kind(r.kind, args.kind)][:args.limit]
     if args.json:
@@ -94,7 +103,7 @@ def run_history(args: argparse.Namespace) -> int:
         count = _gpus(r)
         gpus = f"{count or '?'} × {r.gpu_model}" if r.gpu_model else count
         commit = (r.git_commit[:10] + ("*" if r.git_dirty else "")) if r.git_commit else ""
-        t.add_row(str(r.id), _when(r.created), r.kind, r.label or "", gpus,
+        t.add_row(str(r.id), _when(r.created), printable(r.kind), printable(r.label or ""), printable(gpus),
                   "" if r.utilization is None else pct(r.utilization), "" if r.step_s is None else ms(r.step_s),
                   commit, str(len(r.inputs)))
     console.print(t)
@@ -102,6 +111,7 @@ def run_history(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    refuse_overwriting_inputs([args.before, args.after], {"--out": args.out, "--html": args.html})
     path = Path(args.ledger).expanduser() if args.ledger else None
     comparison, before, after = api.compare_runs(args.before, args.after, ledger_path=path,
                                                  price_per_gpu_hour=args.price, steps=args.steps)

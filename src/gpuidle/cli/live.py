@@ -22,6 +22,7 @@ from gpuidle.cli.common import (
     positive_float,
     positive_int,
     record_run,
+    refuse_overwriting_inputs,
     use_color,
     warn,
 )
@@ -40,7 +41,7 @@ from gpuidle.live.monitor import (
     nvml_backend,
 )
 from gpuidle.live.view import TerminalStatus
-from gpuidle.live.wrap import CommandNotFound, DeviceUse, Runner, run_monitored
+from gpuidle.live.wrap import CommandCannotStart, DeviceUse, Runner, run_monitored
 from gpuidle.model import HostSample, MonitorEnd, MonitorHeader, UtilizationReport
 from gpuidle.report.common import RenderOptions
 from gpuidle.report.utilization import UTIL_RENDERERS, live_line_compact, live_lines, util_renderer_for
@@ -131,7 +132,7 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
         usage="gpuidle run [options] -- CMD [ARG ...]")
     _sampling_options(run, 0.5)
     run.add_argument("--out", metavar="FILE", help="the JSONL log (default: gpuidle-run-<time>.jsonl here)")
-    run.add_argument("--summary", metavar="FILE", help="write the summary to FILE instead of stdout")
+    run.add_argument("--summary", metavar="FILE", help="write the summary to FILE instead of stderr")
     run.add_argument("--kill-after", type=positive_float, metavar="S",
                      help="kill the command S seconds after the first forwarded SIGINT/SIGTERM "
                           "(default: wait; a third signal kills)")
@@ -159,15 +160,22 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
 # ----------------------------------------------------------------------------------
 
 
-def _render(report: UtilizationReport, args: argparse.Namespace, out: str | None) -> None:
+def _render(report: UtilizationReport, args: argparse.Namespace, out: str | None, to_stderr: bool = False) -> None:
+    """To the file ``out``, else stdout, or stderr with ``to_stderr``."""
     fmt = "json" if args.json else args.format
     renderer = util_renderer_for(fmt, out)()
-    to_tty = out is None and sys.stdout.isatty()
-    emit(renderer.render(report, RenderOptions(top=args.top, color=use_color(args, to_tty))), out)
+    stream = sys.stderr if to_stderr else sys.stdout
+    to_tty = out is None and stream.isatty()
+    text = renderer.render(report, RenderOptions(top=args.top, color=use_color(args, to_tty)))
+    if out is None and to_stderr:
+        stream.write(text)
+    else:
+        emit(text, out)
 
 
 def summarize_command(args: argparse.Namespace) -> int:
     fields = [f for f in args.fields.split(",") if f.strip()] if args.fields else None
+    refuse_overwriting_inputs([args.path], {"--out": args.out})
     report = api.summarize_log(args.path, fields, args.interval, args.devices, args.steps_per_s)
     _render(report, args, args.out)
     _record(args, "summarize", report, [args.path])
@@ -234,9 +242,10 @@ def _host_port(addr: str, port: int) -> str:
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
-def _summarize_log(path: str, args: argparse.Namespace, out: str | None) -> UtilizationReport:
+def _summarize_log(path: str, args: argparse.Namespace, out: str | None, to_stderr: bool = False
+                   ) -> UtilizationReport:
     report = api.summarize_log(path, devices=args.devices, steps_per_s=args.steps_per_s)
-    _render(report, args, out)
+    _render(report, args, out, to_stderr)
     return report
 
 
@@ -389,12 +398,13 @@ def _run(args: argparse.Namespace, exporter: Exporter | None) -> int:
         finally:
             if view is not None:
                 view.stop()
-    except CommandNotFound as err:
-        writer.close(MonitorEnd(t=monitor.clock.time(), samples=writer.samples, exit_code=127, notes=[str(err)]))
+    except CommandCannotStart as err:
+        writer.close(MonitorEnd(t=monitor.clock.time(), samples=writer.samples, exit_code=err.exit_code,
+                                notes=[str(err)]))
         with contextlib.suppress(OSError):
             os.unlink(path)
         print(f"gpuidle: error: {err}", file=sys.stderr)
-        return 127
+        return err.exit_code
     notes = monitor.notes()
     survivors = runner.survivors()
     if survivors:
@@ -408,7 +418,8 @@ def _run(args: argparse.Namespace, exporter: Exporter | None) -> int:
           file=sys.stderr)
     report: UtilizationReport | None = None
     try:
-        report = _summarize_log(path, args, args.summary)
+        # stdout is the command's: piped to a file or a program, it must hold the command's output only
+        report = _summarize_log(path, args, args.summary, to_stderr=True)
     except GpuidleError as err:
         warn(f"no summary: {err}")
     except Exception as err:  # the command's exit code matters more than the summary

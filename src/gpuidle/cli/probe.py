@@ -28,6 +28,7 @@ from gpuidle.cli.common import (
     positive_float,
     positive_int,
     record_run,
+    refuse_overwriting_inputs,
     use_color,
     warn,
 )
@@ -248,6 +249,7 @@ def run_allreduce(args: argparse.Namespace) -> int:
     from gpuidle.bench import allreduce as ar
     from gpuidle.bench.common import read_analysis_report
 
+    refuse_overwriting_inputs([args.compare], {"--out": args.out})
     report = read_analysis_report(args.compare) if args.compare else None
     ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
     cfg = ar.AllReduceConfig(ops=ops, min_bytes=args.min_bytes, max_bytes=args.max_bytes, warmup=args.warmup,
@@ -295,6 +297,7 @@ def run_tune_loader(args: argparse.Namespace) -> int:
     from gpuidle.bench import loader
     from gpuidle.bench.common import read_analysis_report
 
+    refuse_overwriting_inputs([args.target_from], {"--out": args.out})
     target, source = args.target_batches_per_s, "given" if args.target_batches_per_s else None
     if args.target_from:
         target = loader.target_from_report(read_analysis_report(args.target_from))

@@ -7,7 +7,9 @@ group, where torchrun and its workers receive it. The command is free to take it
 to stop (saving a checkpoint); gpuidle keeps sampling until it exits. A third SIGINT or
 SIGTERM, or ``kill_after_s`` seconds after the first, kills the group.
 
-The exit code is the command's; killed by signal N it is ``128 + N``, as a shell says.
+The exit code is the command's; killed by signal N it is ``128 + N``, as a shell says;
+a command that cannot start gives a shell's codes too: 127 not found, 126 found but not
+executable (no execute permission, a folder, not a program).
 """
 
 from __future__ import annotations
@@ -32,8 +34,20 @@ KILL_ON_NTH = 3
 """The third SIGINT/SIGTERM kills the command's whole process group."""
 
 
-class CommandNotFound(GpuidleError):
-    """The command to wrap cannot be started (exit code 127, as a shell)."""
+class CommandCannotStart(GpuidleError):
+    """The command to wrap cannot be started; :attr:`exit_code` is what a shell would return."""
+
+    exit_code = 126
+
+
+class CommandNotFound(CommandCannotStart):
+    """No such command (exit code 127, as a shell)."""
+
+    exit_code = 127
+
+
+class CommandNotExecutable(CommandCannotStart):
+    """The command exists but cannot be executed (exit code 126, as a shell)."""
 
 
 @dataclass(slots=True)
@@ -108,9 +122,10 @@ class Runner:
         except FileNotFoundError:
             self.restore()
             raise CommandNotFound(f"command not found: {self.cmd[0]}") from None
-        except PermissionError:
+        except OSError as err:  # EACCES: no execute permission, or a folder; ENOEXEC: not a program
             self.restore()
-            raise CommandNotFound(f"permission denied: {self.cmd[0]}") from None
+            what = "is a folder" if os.path.isdir(self.cmd[0]) else (err.strerror or "cannot execute").lower()
+            raise CommandNotExecutable(f"cannot execute {self.cmd[0]}: {what}") from None
         self._t0 = time.monotonic()
         pending, self._pending = self._pending, []
         for signum in pending:
@@ -177,7 +192,10 @@ class Runner:
         self._previous.clear()
 
     def survivors(self) -> list[int]:
-        """Processes still in the command's group after it exited (they may hold GPUs)."""
+        """Processes still running in the command's group after it exited (they may hold GPUs).
+
+        A zombie (exited, not yet reaped by its parent) holds nothing and is not counted.
+        """
         if self.proc is None:
             return []
         out = []
@@ -185,13 +203,24 @@ class Runner:
             for name in os.listdir("/proc"):
                 if name.isdigit():
                     try:
-                        if os.getpgid(int(name)) == self.proc.pid:
+                        if os.getpgid(int(name)) == self.proc.pid and _running(int(name)):
                             out.append(int(name))
                     except (ProcessLookupError, PermissionError):
                         continue
         except OSError:
             return []
         return sorted(out)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is neither a zombie nor dead (``/proc/PID/stat``: the state after the name)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 1:].split()
+    return bool(fields) and fields[0] not in (b"Z", b"X")
 
 
 def run_monitored(runner: Runner, monitor: Monitor, sinks: Sequence[Sink],

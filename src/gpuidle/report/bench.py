@@ -23,7 +23,7 @@ from gpuidle.bench.net import NetResult
 from gpuidle.bench.storage import StorageResult
 from gpuidle.errors import GpuidleError
 from gpuidle.model import CalcLine, CostResult
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct
+from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report
 
 BAR = 40
 _REDOP = {"all_reduce": "sum", "reduce_scatter": "sum"}
@@ -283,4 +283,4 @@ def render(result: msgspec.Struct, options: RenderOptions = DEFAULT_OPTIONS, fmt
         return to_json(result)
     if fmt != "terminal":
         raise GpuidleError(f"unknown format {fmt!r} for this command", "choose terminal or json")
-    return TERMINAL[type(result)](result, options)
+    return TERMINAL[type(result)](printable_report(result), options)

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
 
 from gpuidle.model import Gain, RankReport, Recommendation, Source
+from gpuidle.report.text import printable
+
+T = TypeVar("T")
 
 TARGET_UTILIZATION = 0.9
 MANY_STEPS = 12
@@ -110,3 +116,25 @@ def excluded_lines(r: RankReport, kept: bool = False) -> list[str]:
     how = "kept (--include-warmup)" if kept else "left out of per-step figures and gains"
     return [f"step {s.step}, {ms(s.dur_s)}: {words.get(s.excluded, s.excluded)}, {how}"
             for s in r.steps if s.excluded is not None]
+
+
+def printable_report(report: T) -> T:
+    """A copy of a report (msgspec structs, lists, dicts) with :func:`~gpuidle.report.text.printable` applied
+    to every string, for the renderers of text: no name from an input reaches the terminal raw.
+
+    Line breaks stay: fixes and notes are several lines by design.
+    """
+    clean: T = _printable(report)
+    return clean
+
+
+def _printable(x: Any) -> Any:
+    if isinstance(x, str):
+        return printable(x, keep_newlines=True)
+    if isinstance(x, msgspec.Struct):
+        return msgspec.structs.replace(x, **{f: _printable(getattr(x, f)) for f in x.__struct_fields__})
+    if isinstance(x, list | tuple):
+        return type(x)(_printable(v) for v in x)
+    if isinstance(x, dict):
+        return {_printable(k): _printable(v) for k, v in x.items()}
+    return x

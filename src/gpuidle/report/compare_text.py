@@ -12,7 +12,7 @@ from rich.text import Text
 
 from gpuidle.errors import GpuidleError
 from gpuidle.model import Comparison, RecommendationChange, RunSummary
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct
+from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report
 
 STATUS_TITLE = {"resolved": "resolved", "new": "new", "remaining": "still recommended"}
 
@@ -73,6 +73,7 @@ class CompareTerminalRenderer:
     name = "terminal"
 
     def render(self, c: Comparison, options: RenderOptions = DEFAULT_OPTIONS) -> str:
+        c = printable_report(c)
         buf = io.StringIO()
         console = Console(file=buf, force_terminal=options.color, no_color=not options.color,
                           width=options.width, highlight=False)
@@ -103,6 +104,7 @@ class CompareMarkdownRenderer:
     name = "md"
 
     def render(self, c: Comparison, options: RenderOptions = DEFAULT_OPTIONS) -> str:
+        c = printable_report(c)
         a, b = c.before, c.after
         lines = [f"## gpuidle compare: {run_name(a)} → {run_name(b)}", "",
                  f"Before: {_gpus(a)}, {a.ranks} rank(s), {a.steps} step(s). "

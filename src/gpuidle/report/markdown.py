@@ -11,6 +11,7 @@ from gpuidle.report.common import (
     gain_text,
     ms,
     pct,
+    printable_report,
     shown_recommendations,
     source_label,
     step_rows,
@@ -28,6 +29,7 @@ class MarkdownRenderer:
     extensions: tuple[str, ...] = (".md",)
 
     def render(self, report: AnalysisReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
+        report = printable_report(report)
         lines = [f"## gpuidle: {len(report.ranks)} rank(s), {source_label(report.source)}", ""]
         shown = [report.ranks[0]] if report.job is None else [min(report.ranks, key=lambda r: r.primary().utilization)]
         if report.job is not None:

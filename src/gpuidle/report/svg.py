@@ -19,6 +19,7 @@ from gpuidle.model import (
     RankReport,
 )
 from gpuidle.report.common import TARGET_UTILIZATION, ms, pct
+from gpuidle.report.text import printable
 
 CAUSE_COLOR = {
     "data_loading": "#8e44ad", "host_sync": "#e53935", "launch_overhead": "#f9a825", "cpu_compute": "#00acc1",
@@ -63,7 +64,8 @@ svg{display:block;width:100%;height:auto}svg text{font:11px system-ui,sans-serif
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """HTML-escaped, control characters shown as escapes (a browser would drop them silently)."""
+    return html.escape(printable(str(text), keep_newlines=True), quote=True)
 
 
 def num(x: float) -> str:

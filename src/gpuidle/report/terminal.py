@@ -29,6 +29,7 @@ from gpuidle.report.common import (
     gain_text,
     ms,
     pct,
+    printable_report,
     ranges,
     shown_recommendations,
     source_label,
@@ -157,6 +158,7 @@ class TerminalRenderer:
     extensions: tuple[str, ...] = (".txt",)
 
     def render(self, report: AnalysisReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
+        report = printable_report(report)
         buf = io.StringIO()
         console = Console(file=buf, force_terminal=options.color, no_color=not options.color,
                           width=options.width, highlight=False)

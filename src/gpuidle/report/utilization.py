@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuidle.model import DeviceUtil, GpuInfo, GpuSample, HostSample, HostUtil, UtilizationReport
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, ranges
+from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report, ranges
 from gpuidle.report.registry import pick
 
 BAR = 24
@@ -128,6 +128,7 @@ class UtilTerminalRenderer:
     extensions: tuple[str, ...] = (".txt",)
 
     def render(self, report: UtilizationReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
+        report = printable_report(report)
         buf = io.StringIO()
         console = Console(file=buf, force_terminal=options.color, no_color=not options.color,
                           width=options.width, highlight=False)

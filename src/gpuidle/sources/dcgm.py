@@ -63,7 +63,7 @@ def read(lines: Iterable[str], path: str, interval_s: float | None = None) -> Ut
             continue
         if columns is None or parts[0] != "GPU":
             continue  # the unit line (ID), other entities, messages
-        if len(parts) != len(columns) + 2 or not parts[1].isdigit() or len(parts[1]) > 6:
+        if len(parts) != len(columns) + 2 or not (parts[1].isascii() and parts[1].isdigit()) or len(parts[1]) > 6:
             skipped += 1
             continue
         row: dict[str, float] = {}

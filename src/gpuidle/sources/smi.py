@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -126,7 +128,14 @@ def _open_text(p: Path) -> IO[str]:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as err:
             raise CorruptInput(f"{p}: truncated or corrupt gzip ({err})") from None
-    return io.StringIO(raw.decode("utf-8", errors="replace"))
+    return io.StringIO(_decode(raw))
+
+
+def _decode(raw: bytes) -> str:
+    """UTF-8, with or without a byte-order mark; UTF-16 when a BOM says so (PowerShell's ``>`` writes it)."""
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return raw.decode("utf-16", errors="replace")
+    return raw.decode("utf-8-sig", errors="replace")
 
 
 def _first_line(f: IO[str]) -> str | None:
@@ -154,20 +163,25 @@ def read_jsonl(f: IO[str], path: str) -> UtilSeries:
             continue
         try:
             rec = dec.decode(line)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # RecursionError: nesting deeper than msgspec follows
             bad.append(n)
             continue
         if isinstance(rec, MonitorHeader):
             if header is None:
                 header = rec
         elif isinstance(rec, MonitorSample):
-            samples.append(rec)
+            if math.isfinite(rec.t):
+                samples.append(rec)
+            else:
+                bad.append(n)
         else:
             end = rec
     if header is None:
         raise NotATrace(f"{path}: not a gpuidle monitor log (no header line)",
                         "nvidia-smi CSV and dmon logs are read too; JSON traces go to gpuidle analyze")
+    notes = _in_time_order(samples)
     series = util_series_from_records(header, samples, end, path)
+    series.notes.extend(notes)
     last = len(lines)
     if bad:
         cut = [n for n in bad if n == last]
@@ -177,6 +191,18 @@ def read_jsonl(f: IO[str], path: str) -> UtilSeries:
         if broken:
             series.notes.append(f"{len(broken)} unreadable line(s) ignored, first at line {broken[0]}")
     return series
+
+
+def _in_time_order(samples: list[MonitorSample]) -> list[str]:
+    """Sort samples by time (stable), in place; a note when the log had them out of order."""
+    t = [s.t for s in samples]
+    if all(a <= b for a, b in itertools.pairwise(t)):
+        return []
+    samples.sort(key=lambda s: s.t)
+    return [UNORDERED_NOTE]
+
+
+UNORDERED_NOTE = "the log's timestamps go backwards in places (a clock change?): samples were put in time order"
 
 
 # ----------------------------------------------------------------------------------
@@ -206,7 +232,9 @@ class _Rows:
 def _series(rows: dict[int, _Rows], fmt: str, path: str, origin: float | None, interval: float | None,
             notes: list[str]) -> UtilSeries:
     """Columns per device, times from the earliest row; ``origin``: the Unix time of row time 0, when known."""
-    base = min((r.t[0] for r in rows.values() if r.t), default=0.0)
+    base = min((min(r.t) for r in rows.values() if r.t), default=0.0)
+    if any(a > b for r in rows.values() for a, b in itertools.pairwise(r.t)):
+        notes.append(UNORDERED_NOTE)
     devices = []
     for idx in sorted(rows):
         r = rows[idx]
@@ -247,7 +275,11 @@ def _number(cell: str) -> float:
         return np.nan
     head = v.split()[0]
     try:
-        return float(int(head, 16)) if head.lower().startswith("0x") else float(head)
+        if head.lower().startswith("0x"):
+            mask = int(head, 16)
+            # a clock event mask has 64 bits; NVML's reasons are the low ones, which a float holds exactly
+            return float(mask & 0xFFFFFFFF) if mask < 1 << 64 else np.nan
+        return float(head)
     except ValueError:
         return np.nan
 
@@ -272,7 +304,7 @@ def read_csv(f: IO[str], path: str, fields: Sequence[str] | None = None) -> Util
     rows: dict[int, _Rows] = {}
     key_of: dict[str, int] = {}
     notes: list[str] = []
-    skipped = 0
+    skipped = bad_index = 0
     origin: datetime | None = None
     for raw in lines:
         if not raw.strip():
@@ -292,6 +324,9 @@ def read_csv(f: IO[str], path: str, fields: Sequence[str] | None = None) -> Util
             continue
         rec = dict(zip(names, cells, strict=True))
         idx = _device_index(rec, key_of)
+        if idx is None:
+            bad_index += 1
+            continue
         stamp = _timestamp(rec["timestamp"]) if "timestamp" in rec else None
         if stamp is None:
             t = float(len(rows.get(idx, _Rows()).t))
@@ -313,6 +348,8 @@ def read_csv(f: IO[str], path: str, fields: Sequence[str] | None = None) -> Util
         notes.append("no timestamp column: samples are spaced 1 s apart")
     if skipped:
         notes.append(f"{skipped} row(s) with the wrong number of fields ignored")
+    if bad_index:
+        notes.append(f"{bad_index} row(s) with an unreadable GPU index ignored")
     return _series(rows, FORMAT_CSV, path, origin.timestamp() if origin else None, None, notes)
 
 
@@ -322,12 +359,13 @@ def _is_header(cells: list[str]) -> bool:
         first in CSV_FIELDS or first.startswith(_REASON_PREFIXES)
 
 
-def _device_index(rec: dict[str, str], key_of: dict[str, int]) -> int:
-    """``index`` when logged; else the order in which each uuid or bus id first appears."""
+def _device_index(rec: dict[str, str], key_of: dict[str, int]) -> int | None:
+    """``index`` when logged (None when it is not a number); else the order in which each uuid or bus id
+    first appears."""
     if "index" in rec:
-        v = _value(rec["index"])
-        if v is not None and v.isdigit():
-            return int(v)
+        v = rec["index"].strip()
+        # ASCII digits only ("²" passes isdigit()), and few of them: an index is small
+        return int(v) if v.isascii() and v.isdigit() and len(v) <= 6 else None
     key = rec.get("uuid") or rec.get("pci.bus_id") or ""
     return key_of.setdefault(key, len(key_of))
 
@@ -389,11 +427,11 @@ def read_dmon(f: IO[str], path: str, interval_s: float | None = None) -> UtilSer
             skipped += 1
             continue
         rec = dict(zip(columns, cells, strict=True))
-        try:
-            idx = int(rec["gpu"])
-        except (KeyError, ValueError):
+        gpu = rec.get("gpu", "")
+        if not (gpu.isascii() and gpu.isdigit() and len(gpu) <= 6):
             skipped += 1
             continue
+        idx = int(gpu)
         r = rows.setdefault(idx, _Rows())
         stamp = _dmon_time(rec)
         if isinstance(stamp, datetime):
