@@ -102,7 +102,7 @@ def child(tool: str, path: str) -> None:
                     events += 1
                     _ = (e.metadata_id, e.offset_ps, e.duration_ps, [s.metadata_id for s in e.stats])
     elif tool == "xprof":
-        from xprof.convert import _pywrap_profiler_plugin as plugin  # type: ignore[import-not-found]
+        from xprof.convert import _pywrap_profiler_plugin as plugin  # in bench/.venv-xprof only
 
         t1 = time.perf_counter()
         _trace, ok = plugin.xspace_to_tools_data([path], "trace_viewer", {})

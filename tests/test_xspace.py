@@ -7,7 +7,9 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -149,9 +151,9 @@ def _planes_of_nothing(_: bytes) -> bytes:
     (_other_message, CorruptInput),
     (_planes_of_nothing, NotATrace),
 ])
-def test_bad_pb_one_line_exit_2(tmp_path: Path, content: object, error: type) -> None:
+def test_bad_pb_one_line_exit_2(tmp_path: Path, content: Callable[[bytes], bytes], error: type) -> None:
     bad = tmp_path / "bad.xplane.pb"
-    bad.write_bytes(content(MI300X.read_bytes()))  # type: ignore[operator]
+    bad.write_bytes(content(MI300X.read_bytes()))
     before = _unchanged(bad)
     with pytest.raises(error):
         read_trace(str(bad))
@@ -297,13 +299,13 @@ def test_annotating_a_protobuf_writes_its_timeline_with_the_idle_track(tmp_path:
     idle = [e for e in events if e.get("ph") == "X" and str(e.get("pid", "")).startswith("gpuidle")]
     assert len(kernels) == len(read_trace(str(MI300X)).device_ops)
     assert idle
-def _stat(plane: object, event: object, name: str, **value: object) -> None:
+def _stat(plane: Any, event: Any, name: str, **value: object) -> None:
     """Add stat ``name`` to ``event``, registering its metadata in ``plane``."""
-    ids = {m.name: i for i, m in plane.stat_metadata.items()}  # type: ignore[attr-defined]
+    ids = {m.name: i for i, m in plane.stat_metadata.items()}
     sid = ids.get(name, len(ids) + 1)
-    plane.stat_metadata[sid].id = sid  # type: ignore[attr-defined]
-    plane.stat_metadata[sid].name = name  # type: ignore[attr-defined]
-    event.stats.add(metadata_id=sid, **value)  # type: ignore[attr-defined]
+    plane.stat_metadata[sid].id = sid
+    plane.stat_metadata[sid].name = name
+    event.stats.add(metadata_id=sid, **value)
 
 
 def test_hand_built_copies_sets_and_collectives(tmp_path: Path) -> None:
