@@ -22,9 +22,11 @@ OP_CATS = {"cpu_op", "Operator"}
 COLLECTIVE = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.I)
 SYNC = re.compile(
     r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$|^cu(Stream|Ctx|Event)Synchronize$|^(cuda|hip)Free$"
+    r"|BlockHostUntilReady|block_until_ready|^TFE_TensorHandleResolve$|ToLiteral"
 )
 SYNC_COPY = re.compile(r"^(cudaMemcpy|cudaMemcpy2D|cudaMemcpy3D|hipMemcpy|hipMemcpyWithStream|cuMemcpy\w*?)(_v2)?$")
-DATA = re.compile(r"DataLoader|data[_ ]?load|load[_ ]?batch|get[_ ]?batch", re.I)
+DATA = re.compile(r"DataLoader|data[_ ]?load|load[_ ]?batch|get[_ ]?batch"
+                  r"|IteratorGetNext|Iterator::GetNext|device_put|DevicePut|\bgrain\b", re.I)
 COLL_HOST = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)")
 
 
@@ -58,6 +60,8 @@ class RefTrace:
     device_ops: list[Ev] = field(default_factory=list)
     host: list[Ev] = field(default_factory=list)
     steps: list[tuple[int, int, int]] = field(default_factory=list)
+    handoffs: set[tuple[Any, Any]] = field(default_factory=set)
+    """(thread, thread): the first hands work to the second (XSpace flows)."""
 
 
 def parse(path: Path) -> RefTrace:
@@ -146,6 +150,7 @@ def cause_at(t: RefTrace, device: int) -> Any:
     by_corr = {h.corr: h for h in t.host if h.cat in RUNTIME_CATS and h.corr >= 0}
     launched = {by_corr[o.corr].index: o for o in t.device_ops if o.corr in by_corr}
     feeding = {by_corr[o.corr].thread for o in dev if o.corr in by_corr} or {h.thread for h in t.host}
+    feeding |= {a for a, b in t.handoffs if b in feeding}
     fh = [h for h in t.host if h.thread in feeding]
 
     def is_htod_call(h: Ev) -> bool:

@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.advice.cuda import CUDA_APPLICATION, for_cuda
+from gpuidle.advice.frameworks import in_framework
 from gpuidle.advice.rules import recommend, straggler_recommendations
 from gpuidle.advice.whatif import Proposal, plan
 from gpuidle.analysis.idle import attribute_idle
@@ -39,7 +40,7 @@ from gpuidle.model import (
     Timeline,
     UtilizationReport,
 )
-from gpuidle.sources import inputs, kineto, nsys_db, tracker
+from gpuidle.sources import inputs, kineto, nsys_db, tracker, xplanes, xspace
 from gpuidle.sources.jsonstream import TraceStream
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 # Commands import this module whole; what only some of them use (the ledger, counter logs,
 # tracker jobs, comparisons, annotated traces, worker processes) is imported where used.
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", *nsys_db.REPORT_SUFFIXES)
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", *nsys_db.REPORT_SUFFIXES, xspace.PB_SUFFIX)
 
 Progress = Callable[[str, int, int], None]
 """``(what, done, total)``: bytes of one file, or files of a job."""
@@ -57,13 +58,22 @@ Progress = Callable[[str, int, int], None]
 
 def find_trace_files(path: str | Path) -> list[str]:
     """One file, or the trace files (``*.json``, ``*.json.gz``, Nsight ``*.sqlite``/``*.nsys-rep``) directly
-    inside a folder.
+    inside a folder; for a JAX/TensorFlow run, its hosts' ``*.xplane.pb`` (in the folder, or the newest
+    run of a log dir's ``plugins/profile/``; the trace JSON written beside them is the same profile).
 
     ``path`` may be an fsspec URL (``s3://bucket/job/traces/``): a prefix is listed like a folder. A
     local path that is neither a regular file nor a folder (a FIFO, a device), or that cannot be
     read, is a one-line error; inside a folder only regular files are taken.
     """
-    return inputs.list_files(path, TRACE_SUFFIXES, "trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep)")
+    if not inputs.is_url(path):
+        try:
+            profiles = xspace.find_profiles(Path(path)) if Path(path).is_dir() else []
+        except OSError:
+            profiles = []  # listing it below says why it cannot be read
+        if profiles:
+            return profiles
+    return inputs.list_files(path, TRACE_SUFFIXES,
+                             "trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, *.xplane.pb)")
 
 
 def input_size(path: str | Path) -> int:
@@ -87,14 +97,45 @@ def is_nsys(path: str | Path) -> bool:
 def read_timelines(path: str, progress: Callable[[int, int], None] | None = None) -> list[Timeline]:
     """The timelines of one trace file, one per rank, its format told by its content.
 
-    A Kineto trace is one rank; an Nsight Systems export can hold several.
+    A Kineto trace or an XSpace profile (one host) is one rank; an Nsight Systems export can hold several.
     """
     if is_nsys(path):
         from gpuidle.sources import nsys
 
         return nsys.read(path)
+    if is_xspace(path):
+        return [xspace.read(path, progress)]
     return [kineto.read(path, progress)]
 
+
+def is_xspace(path: str | Path) -> bool:
+    """An XSpace profile (JAX, TensorFlow): ``*.pb``, a protobuf whose first field is a plane named like
+    one, or the Chrome JSON xprof writes from one (its first processes are XSpace planes, ``/host:CPU``).
+
+    A remote ``.pb`` is refused with the command to fetch it; remote JSON is read as Kineto's.
+    """
+    import gzip
+    import zlib
+
+    if inputs.is_url(path):
+        if str(path).endswith(".pb"):
+            raise InputNotFound(f"{inputs.display(str(path))}: an XSpace profile is read from a local file",
+                                "copy it first (e.g. gcloud storage cp URL .), then gpuidle analyze the copy")
+        return False
+    if str(path).endswith(".pb"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+            if head[:2] == b"\x1f\x8b":
+                f.seek(0)
+                head = gzip.GzipFile(fileobj=f).read(1 << 16)
+    except (OSError, EOFError, zlib.error):
+        return False  # the Kineto reader says what is wrong with it
+    if head.lstrip()[:1] in (b"{", b"["):
+        return xplanes.is_xspace_json(head)
+    # XSpace.planes is field 1 (length-delimited, tag 0x0a), and the first plane is named early
+    return head[:1] == b"\n" and (b"/host:" in head or b"/device:" in head)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +204,7 @@ def analyze(
     framework = _one({o.framework for o in good})
     if framework == CUDA_APPLICATION:
         proposals = for_cuda(proposals)
+    proposals = in_framework(proposals, framework)
     recs, combined = plan(proposals, reports, include_warmup)
     return AnalysisReport(
         source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
@@ -405,8 +447,8 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     """Write ``out``: the trace at ``path`` plus a ``gpuidle`` track of idle intervals by cause.
 
     The input is streamed, never loaded whole, and never written; ``out`` ending in
-    ``.gz`` is gzip-compressed. An Nsight export becomes a Chrome trace of its timeline
-    (the rank of ``timeline``). Returns the timeline written.
+    ``.gz`` is gzip-compressed. An Nsight export or an XSpace ``.pb`` becomes a Chrome trace of its
+    timeline (the rank of ``timeline``). Returns the timeline written.
     """
     src, dst = str(path), Path(out)
     if not inputs.is_url(src) and dst.exists() and Path(src).exists() and dst.samefile(src):
@@ -414,7 +456,7 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     from gpuidle.report import annotate
 
     tl = timeline if timeline is not None else idle_timeline(src)
-    if is_nsys(src):  # not a Chrome trace: its timeline is converted to one
+    if is_nsys(src) or (is_xspace(src) and not _looks_like_trace(src)):  # not a Chrome trace: converted
         from gpuidle.report import chrome
 
         source = _rank_timeline(src, tl.rank)

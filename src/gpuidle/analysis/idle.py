@@ -28,7 +28,8 @@ layer winning:
 9. ``unattributed``: none of these (e.g. Python between operators).
 
 *Feeding threads* are the host threads whose runtime calls launched work on the
-device. The causes tile the idle time exactly; :meth:`DeviceIdle.self_check` proves it.
+device, and those that hand work to them (``Timeline.handoffs``). The causes tile
+the idle time exactly; :meth:`DeviceIdle.self_check` proves it.
 """
 
 from __future__ import annotations
@@ -107,11 +108,15 @@ def attribute_idle(
 
 
 def feeding_threads(tl: Timeline, launchers: I64, device: int) -> np.ndarray:
-    """Host threads that launched work on ``device``; all threads when nothing is linked."""
+    """Host threads that launched work on ``device``, and the threads that hand work to those
+    (``tl.handoffs``: a Python thread dispatching to XLA's execute threads); all threads when
+    nothing is linked."""
     rows = launchers[(tl.device_ops.device == device) & (launchers >= 0)]
     if rows.size == 0:
         return iv.sorted_unique(tl.host.thread.astype(np.int64))
-    return iv.sorted_unique(tl.host.thread[rows].astype(np.int64))
+    launching = {int(t) for t in np.unique(tl.host.thread[rows])}
+    dispatching = {src for src, dst in tl.handoffs if dst in launching}
+    return np.array(sorted(launching | dispatching), dtype=np.int64)
 
 
 def _device_idle(

@@ -14,14 +14,21 @@ import numpy as np
 
 SYNC_CALLS = re.compile(
     r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$|^cu(Stream|Ctx|Event)Synchronize$|^(cuda|hip)Free$"
+    r"|BlockHostUntilReady|block_until_ready|^TFE_TensorHandleResolve$|ToLiteral"
 )
-"""Calls that block the host until device work finishes (``cudaFree`` synchronizes too)."""
+"""Calls that block the host until device work finishes (``cudaFree`` synchronizes too; XLA's
+``BlockHostUntilReady``/``ToLiteral`` and JAX's ``block_until_ready``, TensorFlow's tensor reads)."""
 MEMCPY_CALLS = re.compile(r"^(cuda|hip|cu)Memcpy")
 SYNCHRONOUS_MEMCPY = re.compile(
     r"^(cudaMemcpy|cudaMemcpy2D|cudaMemcpy3D|hipMemcpy|hipMemcpyWithStream|cuMemcpy[A-Za-z0-9]*?)(_v2)?$"
 )
 ITEM_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
-DATA_LOADING = re.compile(r"DataLoader|data[_ ]?load|load[_ ]?batch|get[_ ]?batch", re.IGNORECASE)
+DATA_LOADING = re.compile(
+    r"DataLoader|data[_ ]?load|load[_ ]?batch|get[_ ]?batch"
+    r"|IteratorGetNext|Iterator::GetNext|device_put|DevicePut|\bgrain\b",
+    re.IGNORECASE,
+)
+"""Waiting for input: PyTorch's DataLoader, tf.data's ``IteratorGetNext``, JAX's ``device_put`` of a batch, grain."""
 FILE_READ = re.compile(r"^(f?read|pread(64)?|p?readv2?|preadv64|fread_unlocked)$")
 """File reads of a thread that drives the GPU (Nsight's OS runtime trace): loading, but no step marker."""
 COLLECTIVE_HOST = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)")

@@ -279,7 +279,8 @@ class Source(msgspec.Struct):
     format: str
     skipped: list[str] = []
     framework: str | None = None
-    """``pytorch``, ``cuda`` (a plain CUDA application), ... where the input tells; the fixes are phrased for it."""
+    """``pytorch``, ``jax``, ``tensorflow``, ``cuda`` (a plain CUDA application), ... where the input tells;
+    the fixes are phrased for it."""
 
 
 class AnalysisReport(JsonStruct, kw_only=True):

@@ -162,7 +162,8 @@ class TraceMeta:
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     framework: str | None = None
-    """The program's framework where the trace tells (``pytorch``, ``cuda`` for a plain CUDA application)."""
+    """The program's framework where the trace tells (``pytorch``, ``jax``, ``tensorflow``, ``cuda`` for a plain
+    CUDA application)."""
 
 
 @dataclass(slots=True)
@@ -177,6 +178,10 @@ class Timeline:
     collectives: CollectiveCalls
     steps: Steps
     meta: TraceMeta
+    handoffs: list[tuple[int, int]] = field(default_factory=list)
+    """(thread, thread) pairs, indices into :attr:`threads`: the first hands work to the second (a Python
+    thread dispatching a compiled program to the thread that runs it and launches its kernels). Profilers
+    that record such flows (XSpace) fill it; a thread handing work to a launching thread feeds the device."""
     devices: list[int] = field(init=False)
     """Device indices with any activity, ascending."""
 

@@ -1,0 +1,223 @@
+"""Fixes in the profiled framework's own words: TensorFlow and JAX texts for the rules' ids.
+
+The rules (``advice.rules``) measure and write their fix against PyTorch. For a profile that
+says it came from TensorFlow or JAX (``Source.framework``), each recommendation keeps its
+id, evidence and effect and takes the title and fix below; a rule with no counterpart in
+that framework (``None``) is left out rather than shown in another framework's API. Every
+API named here is checked against the installed package in ``tests/test_frameworks.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+
+from gpuidle.advice.whatif import Proposal
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wording:
+    title: str
+    fix: str
+    """``{dtype}`` is replaced by the mixed-precision dtype the device supports (``bfloat16``/``float16``)."""
+
+
+_NCCL = (
+    "# which transport does NCCL pick? (debug output: not for production runs)\n"
+    "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET python train.py   # look for 'via NET/Socket' vs 'NET/IB'\n"
+    "export NCCL_SOCKET_IFNAME=ib0        # or your high-speed Ethernet interface, e.g. ens5\n"
+    "export NCCL_IB_DISABLE=0"
+)
+_BATCH = (
+    "batch_size = 2 * batch_size\n"
+    "learning_rate = base_learning_rate * 2   # linear scaling rule (SGD); sqrt scaling for Adam-type\n"
+)
+
+TENSORFLOW: dict[str, Wording | None] = {
+    "dataloader_workers": Wording(
+        "Feed the GPU from a parallel tf.data pipeline: interleave, parallel map, cache, prefetch",
+        "dataset = (\n"
+        "    tf.data.Dataset.list_files(pattern)\n"
+        "    .interleave(tf.data.TFRecordDataset, cycle_length=8,         # read files in parallel\n"
+        "                num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)\n"
+        "    .map(parse, num_parallel_calls=tf.data.AUTOTUNE)             # decode on every core\n"
+        "    .cache()                      # after the expensive steps, if the data fits in memory\n"
+        "    .shuffle(10_000)\n"
+        "    .batch(batch_size)\n"
+        "    .prefetch(tf.data.AUTOTUNE)   # the next batches are ready while the GPU trains\n"
+        ")"),
+    "remove_host_sync": Wording(
+        "Stop reading values back every step (.numpy(), float(loss), print of tensors)",
+        "loss_metric = tf.keras.metrics.Mean()\n"
+        "loss_metric.update_state(loss)            # stays on the device\n"
+        "if step % 100 == 0:\n"
+        "    print(float(loss_metric.result())); loss_metric.reset_state()\n"
+        "# with Keras: model.compile(..., steps_per_execution=32) runs 32 steps per host round trip"),
+    "pinned_memory_non_blocking": Wording(
+        "Copy batches to the GPU ahead of the step: prefetch to the device",
+        "dataset = dataset.apply(tf.data.experimental.prefetch_to_device(\"/gpu:0\"))   # the last transformation\n"
+        "# under a tf.distribute strategy: dist = strategy.experimental_distribute_dataset(dataset)"),
+    "cuda_graphs": Wording(
+        "Launch-bound: compile the step with XLA (jit_compile=True) and run several steps per call",
+        "@tf.function(jit_compile=True)      # fuses the step's ops into few kernels\n"
+        "def train_step(x, y): ...\n"
+        "# Keras: model.compile(optimizer, loss, jit_compile=True, steps_per_execution=32)"),
+    "larger_batch": Wording(
+        "Tiny kernels starve the GPU: double the per-GPU batch (scale the learning rate with it)",
+        _BATCH + "dataset = dataset.batch(batch_size)"),
+    "move_cpu_work": Wording(
+        "Host-side work that launches nothing holds the GPU back",
+        "# move Python preprocessing into the pipeline, where it runs in parallel ahead of the step\n"
+        "dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)\n"
+        "# and compile the step: @tf.function(jit_compile=True)"),
+    "mixed_precision": Wording(
+        "Matrix multiplies and convolutions run in float32: use Keras mixed precision",
+        "tf.keras.mixed_precision.set_global_policy(\"mixed_{dtype}\")   # before building the model\n"
+        "# custom training loop in float16: optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)"),
+    "cudnn_benchmark": Wording(
+        "Convolutions dominate: keep cuDNN autotuning on and compile the convolutions with XLA",
+        "# TensorFlow autotunes cuDNN algorithms unless TF_CUDNN_USE_AUTOTUNE=0 is set: unset it\n"
+        "@tf.function(jit_compile=True)\n"
+        "def train_step(x, y): ..."),
+    "ddp_no_sync": Wording(
+        "Gradients are all-reduced on every micro-batch: accumulate them and reduce once per step",
+        "optimizer = tf.keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=4)"),
+    "ddp_bucket_cap": Wording(
+        "Many small all-reduces per step: pack gradients into fewer, larger ones over NCCL",
+        "strategy = tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce(num_packs=1))\n"
+        "# several hosts: tf.distribute.MultiWorkerMirroredStrategy(\n"
+        "#     communication_options=tf.distribute.experimental.CommunicationOptions(\n"
+        "#         bytes_per_pack=50 * 1024 * 1024,\n"
+        "#         implementation=tf.distribute.experimental.CommunicationImplementation.NCCL))"),
+    "comm_compression": None,
+    "nccl_transport": Wording(
+        "Large all-reduces reach little bus bandwidth: all-reduce over NCCL, on the fast network",
+        "strategy = tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce())\n" + _NCCL),
+    "comm_bound_batch": Wording(
+        "Communication takes as long as compute: more work per all-reduce",
+        "# raise the per-GPU batch (scale the learning rate linearly), or accumulate gradients:\n"
+        "optimizer = tf.keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=4)"),
+    "record_cpu_activity": Wording(
+        "The profile cannot explain most of the idle time: record host activity with it",
+        "options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=1,\n"
+        "                                                   device_tracer_level=1)\n"
+        "tf.profiler.experimental.start(\"logs\", options=options)\n"
+        "for step, (x, y) in enumerate(dataset.take(5)):\n"
+        "    with tf.profiler.experimental.Trace(\"train\", step_num=step, _r=1):\n"
+        "        train_step(x, y)\n"
+        "tf.profiler.experimental.stop()"),
+}
+
+JAX: dict[str, Wording | None] = {
+    "dataloader_workers": Wording(
+        "Prepare batches ahead of the step: grain workers and device prefetch",
+        "loader = grain.DataLoader(data_source=source, sampler=sampler, operations=transforms,\n"
+        "                          worker_count=8,          # load and transform in 8 processes\n"
+        "                          worker_buffer_size=2)    # batches each worker keeps ready\n"
+        "def prefetch(batches, size=2):                     # keep `size` batches on the device ahead\n"
+        "    queue = collections.deque()\n"
+        "    for batch in batches:\n"
+        "        queue.append(jax.device_put(batch))        # asynchronous: copies while the step runs\n"
+        "        if len(queue) == size:\n"
+        "            yield queue.popleft()\n"
+        "    yield from queue\n"
+        "# with flax: flax.jax_utils.prefetch_to_device(batches, 2) for pmap-sharded batches"),
+    "remove_host_sync": Wording(
+        "Stop waiting for the device every step (block_until_ready, float(x), .item(), printing arrays)",
+        "losses.append(loss)                       # a device array: no wait\n"
+        "if step % 100 == 0:\n"
+        "    print(float(jnp.mean(jnp.stack(losses)))); losses.clear()   # one wait per 100 steps\n"
+        "# no jax.block_until_ready(...) in the loop; find implicit transfers with\n"
+        "# jax.transfer_guard(\"disallow\")"),
+    "pinned_memory_non_blocking": Wording(
+        "Copy batches to the device ahead of the step",
+        "next_batch = jax.device_put(next(batches), sharding)   # issued before the step: copies while it runs\n"
+        "state, loss = train_step(state, batch)\n"
+        "batch = next_batch"),
+    "cuda_graphs": Wording(
+        "Launch-bound: compile more of the loop into one program",
+        "@functools.partial(jax.jit, donate_argnums=(0,))   # one program per step; the old state's buffers reused\n"
+        "def train_steps(state, batches):                  # k steps per call\n"
+        "    return jax.lax.scan(train_step, state, batches)"),
+    "larger_batch": Wording(
+        "Tiny kernels starve the GPU: double the per-GPU batch (scale the learning rate with it)", _BATCH),
+    "move_cpu_work": Wording(
+        "Host-side Python between steps holds the GPU back",
+        "# move preprocessing into grain transforms (worker processes) or into the jitted step,\n"
+        "# and keep Python out of the loop: @functools.partial(jax.jit, donate_argnums=(0,))"),
+    "mixed_precision": Wording(
+        "Matrix multiplies and convolutions run in float32: compute in {dtype}",
+        "params = jax.tree_util.tree_map(lambda p: p.astype(jnp.{dtype}), params)   # compute copy\n"
+        "# flax: nn.Dense(features, dtype=jnp.{dtype}, param_dtype=jnp.float32)\n"
+        "# float16 needs loss scaling; bfloat16 does not"),
+    "cudnn_benchmark": Wording(
+        "Convolutions dominate: let XLA autotune them",
+        "# XLA autotunes convolution algorithms at compile time; keep it on (do not lower\n"
+        "# XLA_FLAGS=--xla_gpu_autotune_level) and keep input shapes fixed so compiled programs are reused"),
+    "ddp_no_sync": Wording(
+        "Gradients are all-reduced on every micro-batch: accumulate them and reduce once per step",
+        "def grads_of(params, micro_batches):            # inside the jitted step\n"
+        "    def body(acc, mb):\n"
+        "        return jax.tree_util.tree_map(jnp.add, acc, jax.grad(loss_fn)(params, mb)), None\n"
+        "    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)\n"
+        "    grads, _ = jax.lax.scan(body, zeros, micro_batches)\n"
+        "    return jax.lax.pmean(grads, axis_name=\"batch\")   # one all-reduce per step"),
+    "ddp_bucket_cap": Wording(
+        "Many small all-reduces per step: combine them and overlap them with compute",
+        "XLA_FLAGS=\"--xla_gpu_enable_latency_hiding_scheduler=true "
+        "--xla_gpu_all_reduce_combine_threshold_bytes=134217728\" python train.py"),
+    "comm_compression": Wording(
+        "Gradient all-reduce is exposed: reduce gradients in bfloat16",
+        "grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.bfloat16), grads)\n"
+        "grads = jax.lax.pmean(grads, axis_name=\"batch\")   # half the bytes on the wire\n"
+        "grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), grads)"),
+    "nccl_transport": Wording(
+        "Large all-reduces reach little bus bandwidth: check the NCCL transport", _NCCL),
+    "comm_bound_batch": Wording(
+        "Communication takes as long as compute: more work per all-reduce, overlapped",
+        "# raise the per-GPU batch (scale the learning rate linearly), or accumulate micro-batches with\n"
+        "# jax.lax.scan and all-reduce once; overlap the rest:\n"
+        "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python train.py"),
+    "record_cpu_activity": Wording(
+        "The profile cannot explain most of the idle time: record host activity with it",
+        "options = jax.profiler.ProfileOptions()\n"
+        "options.host_tracer_level = 2; options.python_tracer_level = 1\n"
+        "with jax.profiler.trace(\"logs\", profiler_options=options):\n"
+        "    for step in range(5):\n"
+        "        with jax.profiler.StepTraceAnnotation(\"train\", step_num=step):\n"
+        "            state, loss = train_step(state, next(batches))\n"
+        "    jax.block_until_ready(loss)"),
+}
+
+WORDINGS: dict[str, dict[str, Wording | None]] = {"tensorflow": TENSORFLOW, "jax": JAX}
+"""Per framework, per rule id; a framework absent here (PyTorch) keeps the rules' own texts."""
+
+STRAGGLER = "straggler_rank_"
+"""Straggler fixes (one id per rank) name the input pipeline to check: in the framework's words."""
+INPUT_PIPELINE = {"tensorflow": "its tf.data pipeline (num_parallel_calls, prefetch)",
+                  "jax": "its grain workers (worker_count) and device prefetch"}
+
+
+def in_framework(proposals: list[Proposal], framework: str | None) -> list[Proposal]:
+    """The proposals with the framework's titles and fixes; those with no counterpart left out."""
+    table = WORDINGS.get(framework or "")
+    if table is None:
+        return proposals
+    out = []
+    for p in proposals:
+        if p.rec.id.startswith(STRAGGLER):
+            fix = p.rec.fix.replace("its DataLoader workers", INPUT_PIPELINE[framework or ""])
+            out.append(dataclasses.replace(p, rec=msgspec.structs.replace(p.rec, fix=fix)))
+            continue
+        if p.rec.id not in table:
+            out.append(p)
+            continue
+        wording = table[p.rec.id]
+        if wording is None:
+            continue
+        dtype = "float16" if p.rec.evidence.get("dtype") == "fp16" else "bfloat16"
+        rec = msgspec.structs.replace(p.rec, title=wording.title.replace("{dtype}", dtype),
+                                      fix=wording.fix.replace("{dtype}", dtype))
+        out.append(dataclasses.replace(p, rec=rec))
+    return out

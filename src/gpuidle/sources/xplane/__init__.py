@@ -1,0 +1,1 @@
+"""The XSpace protobuf schema and its generated Python module (see README.md)."""
