@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from gpuidle.live.exporter import LatestSample
-from gpuidle.live.monitor import JsonlWriter, Monitor, PsutilHost
+from gpuidle.live.host import PsutilHost
+from gpuidle.live.monitor import JsonlWriter, Monitor
 from gpuidle.model import GpuInfo, GpuSample
 
 OUT = Path(__file__).parent / "out"

@@ -22,16 +22,9 @@ from gpuidle.cli import live as cli_live
 from gpuidle.cli import main
 from gpuidle.errors import GpuidleError
 from gpuidle.live import nvml
-from gpuidle.live.monitor import (
-    DcgmExporterReader,
-    DcgmiParser,
-    DcgmReader,
-    JsonlWriter,
-    Monitor,
-    PsutilHost,
-    cpu_busy_pct,
-    parse_dcgm_exporter,
-)
+from gpuidle.live.dcgm import DcgmExporterReader, DcgmiParser, DcgmReader, parse_dcgm_exporter
+from gpuidle.live.host import PsutilHost, cpu_busy_pct
+from gpuidle.live.monitor import JsonlWriter, Monitor
 from gpuidle.model import GpuInfo, GpuSample, HostSample, MonitorEnd, MonitorSample
 from gpuidle.sources import smi
 

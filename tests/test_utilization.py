@@ -11,14 +11,8 @@ import numpy as np
 import pytest
 
 from gpuidle.advice.utilization import build_report, recommend
-from gpuidle.analysis.utilization import (
-    UtilOptions,
-    analyze,
-    headroom_factor,
-    periodic_drops,
-    runs_below,
-    sample_weights,
-)
+from gpuidle.analysis.counters import UtilOptions, headroom_factor, periodic_drops, runs_below, sample_weights
+from gpuidle.analysis.utilization import analyze
 from gpuidle.model import UTIL_SCHEMA, DeviceSeries, HostSeries, UtilizationReport, UtilSeries
 from gpuidle.report.common import RenderOptions
 from gpuidle.report.utilization import UtilJsonRenderer, UtilTerminalRenderer, load_util_report

@@ -20,6 +20,7 @@ from gpuidle.advice.cuda import CUDA_APPLICATION, for_cuda
 from gpuidle.advice.frameworks import in_framework
 from gpuidle.advice.rules import recommend, straggler_recommendations
 from gpuidle.advice.whatif import Proposal, plan
+from gpuidle.analysis.binning import slice_shares
 from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.intervals import Intervals
 from gpuidle.analysis.links import launcher_rows
@@ -29,8 +30,6 @@ from gpuidle.analysis.steps import step_window
 from gpuidle.analysis.summary import RankAnalysis, summarize_rank
 from gpuidle.errors import GpuidleError, InputNotFound
 from gpuidle.model import (
-    CAUSES,
-    I64,
     AnalysisReport,
     Comparison,
     DeviceTimeline,
@@ -40,102 +39,34 @@ from gpuidle.model import (
     Timeline,
     UtilizationReport,
 )
-from gpuidle.sources import inputs, kineto, nsys_db, tracker, xplanes, xspace
+from gpuidle.sources import inputs, kineto, tracker
+from gpuidle.sources.formats import (
+    TRACE_SUFFIXES,
+    find_trace_files,
+    input_size,
+    is_nsys,
+    is_xspace,
+    looks_like_trace,
+    read_timelines,
+)
 from gpuidle.sources.jsonstream import TraceStream
 
 if TYPE_CHECKING:
     from gpuidle import ledger
     from gpuidle.analysis import compare as comparison
 
+__all__ = [
+    "TRACE_SUFFIXES", "analysis_facts", "analysis_inputs", "analyze", "analyze_series", "analyze_tracker",
+    "annotate_trace", "compare_runs", "describe_inputs", "find_trace_files", "idle_timeline", "input_size",
+    "load_run", "read_timelines", "record_analysis", "summarize_log", "timeline_for", "utilization_facts",
+    "with_cost",
+]
+
 # Commands import this module whole; what only some of them use (the ledger, counter logs,
 # tracker jobs, comparisons, annotated traces, worker processes) is imported where used.
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", *nsys_db.REPORT_SUFFIXES, xspace.PB_SUFFIX)
-
 Progress = Callable[[str, int, int], None]
 """``(what, done, total)``: bytes of one file, or files of a job."""
-
-
-def find_trace_files(path: str | Path) -> list[str]:
-    """One file, or the trace files (``*.json``, ``*.json.gz``, Nsight ``*.sqlite``/``*.nsys-rep``) directly
-    inside a folder; for a JAX/TensorFlow run, its hosts' ``*.xplane.pb`` (in the folder, or the newest
-    run of a log dir's ``plugins/profile/``; the trace JSON written beside them is the same profile).
-
-    ``path`` may be an fsspec URL (``s3://bucket/job/traces/``): a prefix is listed like a folder. A
-    local path that is neither a regular file nor a folder (a FIFO, a device), or that cannot be
-    read, is a one-line error; inside a folder only regular files are taken.
-    """
-    if not inputs.is_url(path):
-        try:
-            profiles = xspace.find_profiles(Path(path)) if Path(path).is_dir() else []
-        except OSError:
-            profiles = []  # listing it below says why it cannot be read
-        if profiles:
-            return profiles
-    return inputs.list_files(path, TRACE_SUFFIXES,
-                             "trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, *.xplane.pb)")
-
-
-def input_size(path: str | Path) -> int:
-    """Bytes in a local file or a remote object (0 when a server does not say)."""
-    return inputs.size(path)
-
-
-def is_nsys(path: str | Path) -> bool:
-    """An Nsight Systems export (SQLite, told by its magic header) or report (``.nsys-rep``).
-
-    SQLite reads a local file only: an export in object storage is refused with the command to fetch it.
-    """
-    if inputs.is_url(path):
-        if str(path).endswith((*nsys_db.REPORT_SUFFIXES, ".sqlite")):
-            raise InputNotFound(f"{inputs.display(str(path))}: an Nsight export is read from a local file",
-                                "copy it first (e.g. aws s3 cp URL report.sqlite), then gpuidle analyze report.sqlite")
-        return False
-    return nsys_db.is_report(path) or nsys_db.is_sqlite(path)
-
-
-def read_timelines(path: str, progress: Callable[[int, int], None] | None = None) -> list[Timeline]:
-    """The timelines of one trace file, one per rank, its format told by its content.
-
-    A Kineto trace or an XSpace profile (one host) is one rank; an Nsight Systems export can hold several.
-    """
-    if is_nsys(path):
-        from gpuidle.sources import nsys
-
-        return nsys.read(path)
-    if is_xspace(path):
-        return [xspace.read(path, progress)]
-    return [kineto.read(path, progress)]
-
-
-def is_xspace(path: str | Path) -> bool:
-    """An XSpace profile (JAX, TensorFlow): ``*.pb``, a protobuf whose first field is a plane named like
-    one, or the Chrome JSON xprof writes from one (its first processes are XSpace planes, ``/host:CPU``).
-
-    A remote ``.pb`` is refused with the command to fetch it; remote JSON is read as Kineto's.
-    """
-    import gzip
-    import zlib
-
-    if inputs.is_url(path):
-        if str(path).endswith(".pb"):
-            raise InputNotFound(f"{inputs.display(str(path))}: an XSpace profile is read from a local file",
-                                "copy it first (e.g. gcloud storage cp URL .), then gpuidle analyze the copy")
-        return False
-    if str(path).endswith(".pb"):
-        return True
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 16)
-            if head[:2] == b"\x1f\x8b":
-                f.seek(0)
-                head = gzip.GzipFile(fileobj=f).read(1 << 16)
-    except (OSError, EOFError, zlib.error):
-        return False  # the Kineto reader says what is wrong with it
-    if head.lstrip()[:1] in (b"{", b"["):
-        return xplanes.is_xspace_json(head)
-    # XSpace.planes is field 1 (length-delimited, tag 0x0a), and the first plane is named early
-    return head[:1] == b"\n" and (b"/host:" in head or b"/device:" in head)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +154,7 @@ def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interva
                   devices: Sequence[int] | None = None, steps_per_s: float | None = None) -> UtilizationReport:
     """A utilization log (nvidia-smi CSV or dmon, or gpuidle's own JSONL) in, the utilization summary out."""
     from gpuidle.advice.utilization import build_report as build_utilization_report
-    from gpuidle.analysis.utilization import UtilOptions
+    from gpuidle.analysis.counters import UtilOptions
     from gpuidle.analysis.utilization import analyze as analyze_utilization
     from gpuidle.sources import smi
 
@@ -371,7 +302,7 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
     for d in attribute_idle(tl, names, window, launcher_rows(tl), straggler):
         seg_s, seg_e, cause = d.segments
         step_index = np.clip(np.searchsorted(bounds, seg_s, side="right") - 1, 0, bounds.size - 2)
-        edges, busy, idle = _bins(d.window, (seg_s, seg_e, cause.astype(np.int64)), bins)
+        edges, busy, idle = slice_shares(d.window, (seg_s, seg_e, cause.astype(np.int64)), bins)
         devices.append(DeviceTimeline(
             device=d.device, name=tl.meta.device_names.get(d.device), window=d.window,
             seg_start=seg_s, seg_end=seg_e, seg_cause=cause.astype(np.int64),
@@ -415,31 +346,6 @@ def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS) -> IdleTimel
                         step_bounds=tl.step_bounds, devices=tl.devices, note=note)
 
 
-def _bins(window: tuple[int, int], segments: tuple[I64, I64, I64], n: int) -> tuple[I64, np.ndarray, np.ndarray]:
-    """Busy and per-cause idle share of ``n`` equal slices of the window, exactly (no sampling)."""
-    lo, hi = window
-    n = max(1, min(n, hi - lo))
-    edges = np.rint(np.linspace(lo, hi, n + 1)).astype(np.int64)
-    width = np.diff(edges).astype(np.float64)
-    seg_s, seg_e, cause = segments
-    idle = np.zeros((n, len(CAUSES)), dtype=np.float64)
-    for c in range(len(CAUSES)):
-        mine = cause == c
-        if mine.any():
-            idle[:, c] = np.diff(_covered(seg_s[mine], seg_e[mine], edges)) / width
-    return edges, np.clip(1.0 - idle.sum(axis=1), 0.0, 1.0), idle
-
-
-def _covered(starts: I64, ends: I64, t: I64) -> I64:
-    """Length of the sorted, disjoint intervals before each time in ``t``."""
-    before = np.concatenate([[0], np.cumsum(ends - starts)])
-    k = np.searchsorted(ends, t, side="right")  # intervals over by then
-    partial = np.zeros(t.size, dtype=np.int64)
-    open_ = k < starts.size
-    partial[open_] = np.clip(t[open_] - starts[k[open_]], 0, None)
-    return before[k] + partial
-
-
 _raw_events = msgspec.json.Decoder(list[msgspec.Raw])
 
 
@@ -456,7 +362,7 @@ def annotate_trace(path: str | Path, out: str | Path, timeline: IdleTimeline | N
     from gpuidle.report import annotate
 
     tl = timeline if timeline is not None else idle_timeline(src)
-    if is_nsys(src) or (is_xspace(src) and not _looks_like_trace(src)):  # not a Chrome trace: converted
+    if is_nsys(src) or (is_xspace(src) and not looks_like_trace(src)):  # not a Chrome trace: converted
         from gpuidle.report import chrome
 
         source = _rank_timeline(src, tl.rank)
@@ -555,7 +461,7 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
         try:
             report = load_report(inputs.read_bytes(ref))
         except (msgspec.DecodeError, OSError) as err:
-            if _looks_like_trace(ref):
+            if looks_like_trace(ref):
                 raise GpuidleError(f"{shown} is a profiler trace, not an analysis",
                                    f"run gpuidle analyze {shown} first (it records the run), then compare "
                                    "run ids or labels, or reports written by gpuidle analyze --json") from None
@@ -570,20 +476,6 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
         run = book.find(ref)
     return run.analysis(), comparison.RunInfo(ref=f"run {run.id}", label=run.label, batch_size=run.batch_size,
                                               gpu_model=run.gpu_model)
-
-
-def _looks_like_trace(path: str) -> bool:
-    """Whether the file starts like a profiler trace (plain or gzip JSON with ``traceEvents``)."""
-    import zlib
-
-    try:
-        with inputs.open_input(path) as f:
-            start = f.read(1 << 16)
-        if start[:2] == b"\x1f\x8b":
-            start = zlib.decompressobj(wbits=31).decompress(start, 1 << 16)
-    except (zlib.error, GpuidleError):
-        return False
-    return b'"traceEvents"' in start or b'"ph"' in start
 
 
 def compare_runs(

@@ -21,7 +21,8 @@ import pytest
 
 from gpuidle.cli import main
 from gpuidle.live import nvml
-from gpuidle.live.monitor import JsonlWriter, Monitor, PsutilHost
+from gpuidle.live.host import PsutilHost
+from gpuidle.live.monitor import JsonlWriter, Monitor
 from gpuidle.model import MonitorSample
 from gpuidle.sources import smi
 

@@ -27,16 +27,16 @@ from gpuidle.cli.common import (
     warn,
 )
 from gpuidle.errors import GpuidleError
+from gpuidle.live.dcgm import dcgm_reader
 from gpuidle.live.exporter import Exporter, LatestSample, node_name, series_labels
+from gpuidle.live.host import PsutilHost
 from gpuidle.live.monitor import (
     MIN_INTERVAL_S,
     GpuBackend,
     HostBackend,
     JsonlWriter,
     Monitor,
-    PsutilHost,
     Sink,
-    dcgm_reader,
     default_log_path,
     nvml_backend,
 )

@@ -1,0 +1,112 @@
+"""Which reader a trace needs, told by its content: Kineto JSON, an XSpace profile (JAX, TensorFlow) or
+an Nsight Systems export; and which files of a folder (or an object-store prefix) are traces.
+
+A new format is one reader module beside this one and one branch in :func:`read_timelines`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from gpuidle.errors import GpuidleError, InputNotFound
+from gpuidle.model import Timeline
+from gpuidle.sources import inputs, kineto, nsys_db, xplanes, xspace
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", *nsys_db.REPORT_SUFFIXES, xspace.PB_SUFFIX)
+
+
+def find_trace_files(path: str | Path) -> list[str]:
+    """One file, or the trace files (``*.json``, ``*.json.gz``, Nsight ``*.sqlite``/``*.nsys-rep``) directly
+    inside a folder; for a JAX/TensorFlow run, its hosts' ``*.xplane.pb`` (in the folder, or the newest
+    run of a log dir's ``plugins/profile/``; the trace JSON written beside them is the same profile).
+
+    ``path`` may be an fsspec URL (``s3://bucket/job/traces/``): a prefix is listed like a folder. A
+    local path that is neither a regular file nor a folder (a FIFO, a device), or that cannot be
+    read, is a one-line error; inside a folder only regular files are taken.
+    """
+    if not inputs.is_url(path):
+        try:
+            profiles = xspace.find_profiles(Path(path)) if Path(path).is_dir() else []
+        except OSError:
+            profiles = []  # listing it below says why it cannot be read
+        if profiles:
+            return profiles
+    return inputs.list_files(path, TRACE_SUFFIXES,
+                             "trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, *.xplane.pb)")
+
+
+def input_size(path: str | Path) -> int:
+    """Bytes in a local file or a remote object (0 when a server does not say)."""
+    return inputs.size(path)
+
+
+def is_nsys(path: str | Path) -> bool:
+    """An Nsight Systems export (SQLite, told by its magic header) or report (``.nsys-rep``).
+
+    SQLite reads a local file only: an export in object storage is refused with the command to fetch it.
+    """
+    if inputs.is_url(path):
+        if str(path).endswith((*nsys_db.REPORT_SUFFIXES, ".sqlite")):
+            raise InputNotFound(f"{inputs.display(str(path))}: an Nsight export is read from a local file",
+                                "copy it first (e.g. aws s3 cp URL report.sqlite), then gpuidle analyze report.sqlite")
+        return False
+    return nsys_db.is_report(path) or nsys_db.is_sqlite(path)
+
+
+def read_timelines(path: str, progress: Callable[[int, int], None] | None = None) -> list[Timeline]:
+    """The timelines of one trace file, one per rank, its format told by its content.
+
+    A Kineto trace or an XSpace profile (one host) is one rank; an Nsight Systems export can hold several.
+    """
+    if is_nsys(path):
+        from gpuidle.sources import nsys
+
+        return nsys.read(path)
+    if is_xspace(path):
+        return [xspace.read(path, progress)]
+    return [kineto.read(path, progress)]
+
+
+def is_xspace(path: str | Path) -> bool:
+    """An XSpace profile (JAX, TensorFlow): ``*.pb``, a protobuf whose first field is a plane named like
+    one, or the Chrome JSON xprof writes from one (its first processes are XSpace planes, ``/host:CPU``).
+
+    A remote ``.pb`` is refused with the command to fetch it; remote JSON is read as Kineto's.
+    """
+    import gzip
+    import zlib
+
+    if inputs.is_url(path):
+        if str(path).endswith(".pb"):
+            raise InputNotFound(f"{inputs.display(str(path))}: an XSpace profile is read from a local file",
+                                "copy it first (e.g. gcloud storage cp URL .), then gpuidle analyze the copy")
+        return False
+    if str(path).endswith(".pb"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+            if head[:2] == b"\x1f\x8b":
+                f.seek(0)
+                head = gzip.GzipFile(fileobj=f).read(1 << 16)
+    except (OSError, EOFError, zlib.error):
+        return False  # the Kineto reader says what is wrong with it
+    if head.lstrip()[:1] in (b"{", b"["):
+        return xplanes.is_xspace_json(head)
+    # XSpace.planes is field 1 (length-delimited, tag 0x0a), and the first plane is named early
+    return head[:1] == b"\n" and (b"/host:" in head or b"/device:" in head)
+
+
+def looks_like_trace(path: str) -> bool:
+    """Whether the file starts like a profiler trace (plain or gzip JSON with ``traceEvents``)."""
+    import zlib
+
+    try:
+        with inputs.open_input(path) as f:
+            start = f.read(1 << 16)
+        if start[:2] == b"\x1f\x8b":
+            start = zlib.decompressobj(wbits=31).decompress(start, 1 << 16)
+    except (zlib.error, GpuidleError):
+        return False
+    return b'"traceEvents"' in start or b'"ph"' in start
