@@ -104,6 +104,14 @@ def test_real_profile_links_launches_and_merges_api_threads() -> None:
     assert not (tl.device_ops.kind == DeviceOpKind.COLLECTIVE).any()
 
 
+def test_notes_speak_of_the_framework_s_step_markers() -> None:
+    # the reader names JAX's and TensorFlow's step annotations; nothing speaks of PyTorch's ProfilerStep
+    notes = analyze([str(MI300X)]).ranks[0].notes
+    assert [n for n in notes if "steps inferred" in n] == [n for n in notes if "StepTraceAnnotation" in n]
+    assert len([n for n in notes if "steps inferred" in n]) == 1
+    assert not [n for n in notes if "ProfilerStep" in n or "record_shapes" in n]
+
+
 def test_format_detection_and_folders(tmp_path: Path) -> None:
     assert is_xspace(str(MI300X))
     assert not is_xspace(str(DATA / "nccl_parser_config__nccl_data.json.gz"))

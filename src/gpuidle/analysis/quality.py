@@ -11,18 +11,22 @@ from gpuidle.model import DeviceOpKind, HostKind, KernelFacts, Timeline
 SLOW_LAUNCH_US = 20.0
 """A healthy cudaLaunchKernel takes 2-10 µs on the host; far above means overhead or contention."""
 OVERLAP_TOLERANCE_NS = 1_000
+STEP_MARKERS = {"kineto": "ProfilerStep ranges", "nsys": "ProfilerStep or step-named NVTX ranges"}
+"""What marks steps in each format; a reader whose format is not here writes its own note (XSpace names
+the framework's step annotation)."""
 
 
 def quality_notes(tl: Timeline, names: NameClasses, window: StepWindow, kernels: KernelFacts) -> list[str]:
     notes: list[str] = []
     if window.kind == "gpu_activity":
         notes.append("no profiler steps and none could be inferred: the window is first to last GPU activity")
-    elif window.kind == "inferred_steps":
-        notes.append(f"no ProfilerStep ranges: steps inferred ({window.steps.source})")
+    elif window.kind == "inferred_steps" and tl.meta.format in STEP_MARKERS:
+        notes.append(f"no {STEP_MARKERS[tl.meta.format]}: steps inferred ({window.steps.source})")
     if kernels.median_launch_us is not None and kernels.median_launch_us > SLOW_LAUNCH_US:
+        overhead = "profiler overhead (record_shapes/with_stack)" if tl.meta.format == "kineto" else "profiler overhead"
         notes.append(
             f"median kernel launch call takes {kernels.median_launch_us:.1f} µs on the host (normal: 2-10 µs): "
-            "profiler overhead (record_shapes/with_stack) or CPU contention inflates host time"
+            f"{overhead} or CPU contention inflates host time"
         )
     host = tl.host
     if not (host.kind == HostKind.RUNTIME).any():
