@@ -11,9 +11,9 @@ from pathlib import Path
 
 from gpuidle.errors import GpuidleError, InputNotFound
 from gpuidle.model import Timeline
-from gpuidle.sources import inputs, kineto, nsys_db, xplanes, xspace
+from gpuidle.sources import inputs, kineto, nsys_db, xspace_files
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", *nsys_db.REPORT_SUFFIXES, xspace.PB_SUFFIX)
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", *nsys_db.REPORT_SUFFIXES, xspace_files.PB_SUFFIX)
 
 
 def find_trace_files(path: str | Path) -> list[str]:
@@ -27,7 +27,7 @@ def find_trace_files(path: str | Path) -> list[str]:
     """
     if not inputs.is_url(path):
         try:
-            profiles = xspace.find_profiles(Path(path)) if Path(path).is_dir() else []
+            profiles = xspace_files.find_profiles(Path(path)) if Path(path).is_dir() else []
         except OSError:
             profiles = []  # listing it below says why it cannot be read
         if profiles:
@@ -64,6 +64,8 @@ def read_timelines(path: str, progress: Callable[[int, int], None] | None = None
 
         return nsys.read(path)
     if is_xspace(path):
+        from gpuidle.sources import xspace
+
         return [xspace.read(path, progress)]
     return [kineto.read(path, progress)]
 
@@ -93,7 +95,7 @@ def is_xspace(path: str | Path) -> bool:
     except (OSError, EOFError, zlib.error):
         return False  # the Kineto reader says what is wrong with it
     if head.lstrip()[:1] in (b"{", b"["):
-        return xplanes.is_xspace_json(head)
+        return xspace_files.is_xspace_json(head)
     # XSpace.planes is field 1 (length-delimited, tag 0x0a), and the first plane is named early
     return head[:1] == b"\n" and (b"/host:" in head or b"/device:" in head)
 

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -93,6 +90,10 @@ def exported(path: str) -> Iterator[str]:
         return
     if not os.path.exists(path):
         raise InputNotFound(f"{path}: no such file")
+    import shutil  # only a report pays for these: detection runs on every input
+    import subprocess
+    import tempfile
+
     stem = Path(path).name.rsplit(".", 1)[0]
     nsys = shutil.which("nsys")
     if nsys is None:

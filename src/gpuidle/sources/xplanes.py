@@ -228,14 +228,6 @@ class _JsonEvent(msgspec.Struct, gc=False):
 
 
 _json_events = msgspec.json.Decoder(list[_JsonEvent])
-_PLANE_NAME = re.compile(rb'"name"\s*:\s*"/(host|device):')
-
-
-def is_xspace_json(head: bytes) -> bool:
-    """Whether a Chrome trace's first bytes name XSpace planes (``/host:CPU``, ``/device:GPU:0``) as processes."""
-    return _PLANE_NAME.search(head) is not None
-
-
 def _decode_json_chunk(text: bytes) -> list[_JsonEvent]:
     try:
         return _json_events.decode(text)

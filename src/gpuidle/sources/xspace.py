@@ -46,9 +46,9 @@ from gpuidle.model import (
 from gpuidle.sources import xplanes
 from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.xplanes import Line, Plane, Space
+from gpuidle.sources.xspace_files import PB_SUFFIX
 
 FORMAT = "xspace"
-PB_SUFFIX = ".xplane.pb"
 JSON_SUFFIX = ".trace.json.gz"
 
 _GPU_PLANE = re.compile(r"^/device:GPU:(\d+)")
@@ -88,16 +88,6 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
         size = Path(path).stat().st_size
         progress(size, size)
     return build(space, path)
-
-
-def find_profiles(folder: Path) -> list[str]:
-    """The hosts' ``*.xplane.pb`` of one run: directly in ``folder``, or in the newest run under
-    ``plugins/profile/`` of a TensorBoard log dir (runs are named by their start time)."""
-    here = sorted(str(f) for f in folder.glob(f"*{PB_SUFFIX}") if f.is_file())
-    if here:
-        return here
-    runs = sorted(d for d in (folder / "plugins" / "profile").glob("*") if d.is_dir() and any(d.glob(f"*{PB_SUFFIX}")))
-    return sorted(str(f) for f in runs[-1].glob(f"*{PB_SUFFIX}")) if runs else []
 
 
 def build(space: Space, path: str) -> Timeline:
