@@ -594,12 +594,12 @@ def test_rank0_keeps_the_last_steps_for_the_summary_and_the_logs_keep_all(tmp_pa
 
 
 def test_a_failed_summary_does_not_crash_the_training_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpuidle.api
+    import gpuidle.advice.series_report
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("bad numbers")
 
-    monkeypatch.setattr(gpuidle.api, "analyze_series", broken)
+    monkeypatch.setattr(gpuidle.advice.series_report, "series_report", broken)
     clk = FakeClock()
     lines: list[str] = []
     tr = StepTracker(tmp_path, device_clock=None, clock=clk, log=lines.append)

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from gpuidle.analysis import compare as comparison
 
 __all__ = [
-    "TRACE_SUFFIXES", "analysis_facts", "analysis_inputs", "analyze", "analyze_series", "analyze_tracker",
+    "TRACE_SUFFIXES", "analysis_inputs", "analyze", "analyze_series", "analyze_tracker",
     "annotate_trace", "compare_runs", "describe_inputs", "find_trace_files", "idle_timeline", "input_size",
     "load_run", "read_timelines", "record_analysis", "summarize_log", "timeline_for", "utilization_facts",
     "with_cost",
@@ -259,21 +259,9 @@ def analyze_series(
     duplicates: Sequence[int] = (), world_size: int | None = None, include_warmup: bool = False,
 ) -> AnalysisReport:
     """The report of the tracker's steps, one series per rank; the advice rules apply unchanged."""
-    from gpuidle.analysis import series as step_series
+    from gpuidle.advice.series_report import series_report
 
-    reports = [step_series.rank_report(s) for s in series]
-    job = step_series.job_report(list(series), reports, list(duplicates)) \
-        if len(series) > 1 or (world_size or 1) > 1 else None
-    proposals: list[Proposal] = []
-    for r in reports:
-        proposals.extend(recommend(r, include_all=include_warmup))
-    if job is not None:
-        proposals.extend(straggler_recommendations(job, reports, include_warmup))
-    recs, combined = plan(proposals, reports, include_warmup)
-    return AnalysisReport(
-        source=Source(paths=list(paths), format=tracker.FORMAT, skipped=list(skipped)),
-        ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
-    )
+    return series_report(series, paths, skipped, duplicates, world_size, include_warmup)
 
 
 # ----------------------------------------------------------------------------------
@@ -408,16 +396,6 @@ def describe_inputs(paths: Sequence[str | Path]) -> list[ledger.InputFile]:
     return described
 
 
-def analysis_facts(report: AnalysisReport) -> ledger.Facts:
-    """What the ledger keeps beside an analysis: GPU model and count, utilization and step time."""
-    from gpuidle import ledger
-    from gpuidle.analysis import compare as comparison
-
-    summary = comparison.summarize(report)
-    return ledger.Facts(gpu_model=summary.gpu_model, gpu_count=summary.world_size, utilization=summary.utilization,
-                        step_s=summary.step_s)
-
-
 def utilization_facts(report: UtilizationReport) -> ledger.Facts:
     """What the ledger keeps beside a utilization summary: the GPUs sampled and their mean utilization.
 
@@ -444,7 +422,7 @@ def record_analysis(
     """Record an analysis in the ledger (default: :func:`gpuidle.ledger.default_path`); return the run id."""
     from gpuidle import ledger
 
-    facts = analysis_facts(report)
+    facts = ledger.analysis_facts(report)
     facts.update(ledger.Facts(notes=notes, batch_size=batch_size))
     return ledger.record(kind, msgspec.json.encode(report), label, describe_inputs(analysis_inputs(report)),
                          path=ledger_path, **facts)

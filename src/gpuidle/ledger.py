@@ -116,6 +116,15 @@ class Facts(TypedDict, total=False):
     step_s: float | None
 
 
+def analysis_facts(report: AnalysisReport) -> Facts:
+    """What the ledger keeps beside an analysis: GPU model and count, utilization and step time."""
+    from gpuidle.analysis import compare as comparison
+
+    summary = comparison.summarize(report)
+    return Facts(gpu_model=summary.gpu_model, gpu_count=summary.world_size, utilization=summary.utilization,
+                 step_s=summary.step_s)
+
+
 @dataclass(frozen=True, slots=True)
 class InputFile:
     path: str

@@ -76,8 +76,6 @@ def ram_bytes() -> tuple[int | None, int | None]:
 
 def read_analysis_report(path: str | Path) -> AnalysisReport:
     """A ``gpuidle analyze --json`` report, or a one-line error saying what to give instead."""
-    from gpuidle.report.jsonout import load_report
-
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -86,7 +84,7 @@ def read_analysis_report(path: str | Path) -> AnalysisReport:
     except OSError as err:
         raise InputNotFound(f"{p}: cannot read: {err.strerror}") from None
     try:
-        return load_report(data)
+        return AnalysisReport.from_json(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as err:
         raise NotATrace(f"{p} is not a gpuidle analysis report ({err})",
                         "write one with: gpuidle analyze TRACES --json --out report.json") from None

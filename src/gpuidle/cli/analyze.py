@@ -144,8 +144,8 @@ def _record(args: argparse.Namespace, report: AnalysisReport) -> None:
     import msgspec
 
     from gpuidle import api
-    from gpuidle.ledger import Facts
+    from gpuidle.ledger import Facts, analysis_facts
 
-    facts = api.analysis_facts(report)
+    facts = analysis_facts(report)
     facts.update(Facts(notes=args.notes, batch_size=args.batch_size))
     record_run(args, "analyze", msgspec.json.encode(report), args.label, api.analysis_inputs(report), **facts)

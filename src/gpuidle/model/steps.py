@@ -17,6 +17,8 @@ from .timeline import I64
 # ----------------------------------------------------------------------------------
 
 TRACKER_FORMAT = "gpuidle.tracker/1"
+TRACKER_SOURCE = "tracker"
+"""A tracker job's ``source.format`` in its analysis report (the logs' own schema is :data:`TRACKER_FORMAT`)."""
 """The first line of a tracker log: ``{"type": "header", "format": "gpuidle.tracker/1", ...}``."""
 TRACKER_LOG = "rank-{rank}.jsonl"
 """One log per rank, in the tracker's output folder."""

@@ -20,6 +20,7 @@ import numpy as np
 from gpuidle.errors import CorruptInput, InputNotFound, NotATrace
 from gpuidle.model import (
     TRACKER_FORMAT,
+    TRACKER_SOURCE,
     TRACKER_SUMMARY,
     AnalysisReport,
     StepSeries,
@@ -29,7 +30,7 @@ from gpuidle.model import (
     TrackerStep,
 )
 
-FORMAT = "tracker"
+FORMAT = TRACKER_SOURCE
 RANK_LOG = re.compile(r"rank-(\d+)\.jsonl")
 _decoder = msgspec.json.Decoder(TrackerLine)
 

@@ -105,10 +105,10 @@ def summarize(series: list[StepSeries], out_dir: Path, log: Callable[[str], None
               ledger: Path | bool) -> AnalysisReport:
     """The job summary from every rank's series: written beside the logs, logged as the job view, and
     recorded in the run ledger (``ledger``: True for the default one, a path, or False for none)."""
+    from gpuidle.advice.series_report import series_report
     from gpuidle.analysis.series import rank_stats
-    from gpuidle.api import analyze_series
 
-    report = analyze_series(series, [str(out_dir)])
+    report = series_report(series, [str(out_dir)])
     text = write_summary(report, out_dir)
     for line in job_view(report, rank_stats(series), series, str(out_dir)):
         log(line)
@@ -128,10 +128,9 @@ def record(report: AnalysisReport, text: str, out_dir: Path, label: str | None, 
            log: Callable[[str], None]) -> None:
     """Keep the job summary in the run ledger with the figures ``analyze`` records (a problem is one log line)."""
     from gpuidle import ledger
-    from gpuidle.api import analysis_facts
 
     try:
         ledger.record("tracker", text, label=label, inputs=[out_dir / TRACKER_SUMMARY], path=ledger_path,
-                      **analysis_facts(report))
+                      **ledger.analysis_facts(report))
     except GpuidleError as err:
         log(f"the job summary was not recorded in the ledger: {err}")
