@@ -273,6 +273,23 @@ def test_single_trace_report(chromium: Chromium, tmp_path: Path) -> None:
                                      svg.CAUSE_COLOR["cpu_compute"]])
 
 
+def test_long_kernel_names_stay_inside_the_page(chromium: Chromium, tmp_path: Path) -> None:
+    """A rocBLAS kernel name of 500+ characters without a space (the MI300X JAX profile) wraps in its cell."""
+    pytest.importorskip("google.protobuf")
+    src = DATA / "jax08_conv_mi300x8__tw003.xplane.pb"
+    report = api.analyze([src])
+    assert max(len(k.name) for k in report.ranks[0].kernels.top) > 300
+    out = tmp_path / "jax.html"
+    out.write_text(html.render_report(report, api.idle_timeline(src)))
+    session, page = chromium.open(out)
+    assert_clean(page, out)
+    assert chromium.js(session, "document.documentElement.scrollWidth <= window.innerWidth")
+    inside = chromium.js(session, "[...document.querySelectorAll('table.kernels')].map(t => "
+                                  "t.getBoundingClientRect().right <= "
+                                  "t.closest('section').getBoundingClientRect().right)")
+    assert inside == [True]
+
+
 def test_few_intervals_are_drawn_one_by_one(chromium: Chromium, tmp_path: Path) -> None:
     src = DATA / "trace_compare__test__test.json.gz"
     report, timeline = api.analyze([src]), api.idle_timeline(src)

@@ -50,6 +50,7 @@ section,.card{background:#fff;border:1px solid var(--line);border-radius:8px;pad
 .big{font-size:28px;font-weight:600}.good{color:#2e7d32}.warn{color:#ef6c00}.bad{color:#c62828}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid var(--line)}td.num,th.num{text-align:right}
+td code{overflow-wrap:anywhere}td.num{white-space:nowrap}
 .chip{display:inline-block;border-radius:10px;padding:0 8px;font-size:12px;color:#fff;margin-right:6px}
 .legend span{display:inline-block;margin-right:14px;font-size:12px}
 .legend i{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:4px;vertical-align:-1px}
