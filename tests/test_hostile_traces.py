@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from gpuidle.cli import main
 from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound
 from gpuidle.sources import inputs, jsonstream, kineto, kineto_events
 from minitrace import Trace
+from permissions import unprivileged
 
 KERNEL_START, KERNEL_DUR = 20.0, 30.0
 
@@ -345,42 +345,14 @@ def test_trace_stream_refuses_a_fifo(tmp_path: Path) -> None:
         jsonstream.TraceStream(str(tmp_path / "f.json"), kineto_events.decode_chunk)
 
 
-NOBODY = 65534
-
-
 def as_unprivileged(*args: str) -> subprocess.CompletedProcess[str]:
-    """``gpuidle analyze`` as a user without root's power to read anything (root drops to nobody)."""
-    src = str(Path(kineto.__file__).parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(Path(__file__).parent)])}
-    return subprocess.run([sys.executable, "-m", "gpuidle", "analyze", "--no-ledger", *args], capture_output=True,
-                          text=True, timeout=120, env=env, user=NOBODY if os.geteuid() == 0 else None)
+    """``gpuidle analyze`` without root's power to read anything (see :mod:`permissions`)."""
+    return subprocess.run([*unprivileged(), sys.executable, "-m", "gpuidle", "analyze", "--no-ledger", *args],
+                          capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A folder an unprivileged user can enter (pytest's own are private to the user running it)."""
-    folder = Path(tempfile.mkdtemp(prefix="gpuidle-perm-"))
-    folder.chmod(0o755)
-    yield folder
-    for p in sorted(folder.rglob("*"), reverse=True):
-        p.parent.chmod(0o755)
-        p.chmod(0o755) if p.is_dir() else p.unlink()
-        if p.is_dir():
-            p.rmdir()
-    folder.rmdir()
-
-
-def unprivileged_python_works() -> bool:
-    try:
-        return as_unprivileged("--help").returncode == 0
-    except PermissionError:
-        return False
-
-
-def test_unreadable_file_and_folder(shared_dir: Path) -> None:
-    if not unprivileged_python_works():
-        pytest.skip("the interpreter or the sources are not readable by an unprivileged user here")
-    trace = write(shared_dir / "t.json", base())
+def test_unreadable_file_and_folder(tmp_path: Path) -> None:
+    trace = write(tmp_path / "t.json", base())
     trace.chmod(0o644)
     trace.chmod(0)
     proc = as_unprivileged(str(trace))
@@ -388,7 +360,7 @@ def test_unreadable_file_and_folder(shared_dir: Path) -> None:
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert "Permission denied" in proc.stderr
     assert "Traceback" not in proc.stderr
-    folder = shared_dir / "ranks"
+    folder = tmp_path / "ranks"
     folder.mkdir(mode=0o700)
     write(folder / "rank0.json", base())
     folder.chmod(0)
@@ -398,16 +370,14 @@ def test_unreadable_file_and_folder(shared_dir: Path) -> None:
     assert "Permission denied" in proc.stderr
 
 
-def test_unreadable_rank_file_is_skipped_with_a_warning(shared_dir: Path) -> None:
-    if not unprivileged_python_works():
-        pytest.skip("the interpreter or the sources are not readable by an unprivileged user here")
+def test_unreadable_rank_file_is_skipped_with_a_warning(tmp_path: Path) -> None:
     for rank in range(2):
         t = Trace(rank=rank, world=2)
         t.step(1, 0, 100)
         t.launch(at=10, call_dur=5, start=20, dur=30)
-        t.write(shared_dir / f"rank{rank}.json", gz=False).chmod(0o644)
-    (shared_dir / "rank1.json").chmod(0)
-    proc = as_unprivileged("--json", str(shared_dir))
+        t.write(tmp_path / f"rank{rank}.json", gz=False).chmod(0o644)
+    (tmp_path / "rank1.json").chmod(0)
+    proc = as_unprivileged("--json", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("gpuidle: warning: skipped ")
     assert "rank1.json" in proc.stderr

@@ -7,8 +7,6 @@ drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH), so the tests mean the same as r
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -20,21 +18,9 @@ import pytest
 from conftest import DATA
 from gpuidle.cli import main
 from gpuidle.ledger import Ledger, LedgerError
+from permissions import unprivileged
 
 TRACE = DATA / "trace_compare__base__base.json.gz"
-DROP = "-dac_override,-dac_read_search"
-
-
-def unprivileged() -> list[str]:
-    """The prefix that runs a command bound by file permissions, root or not."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv (util-linux): file permissions cannot be tested")
-    return [setpriv, f"--inh-caps={DROP}", f"--bounding-set={DROP}"]
-
-
 def gpuidle(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*unprivileged(), sys.executable, "-m", "gpuidle", *args], capture_output=True,
                           text=True, timeout=120)
