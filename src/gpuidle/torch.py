@@ -14,29 +14,10 @@ except ImportError as err:
     raise ImportError(f"gpuidle.torch needs PyTorch ({err}): pip install 'gpuidle[torch]', "
                       "or install the torch build for your CUDA/ROCm version first") from err
 
-from gpuidle.live.tracker import (
-    COMPUTE_PHASES,
-    DEFAULT_PHASES,
-    CudaClock,
-    DeviceClock,
-    HostClock,
-    Marker,
-    StepTracker,
-    batch_size,
-    timed_hook,
-)
+from gpuidle.live import tracker as _tracker
+from gpuidle.live.tracker import *  # noqa: F403  (the tracker package's public names are this module's)
 
-__all__ = [
-    "COMPUTE_PHASES",
-    "DEFAULT_PHASES",
-    "CudaClock",
-    "DeviceClock",
-    "HostClock",
-    "Marker",
-    "StepTracker",
-    "batch_size",
-    "timed_hook",
-]
+__all__ = _tracker.__all__
 
 
 def __getattr__(name: str) -> Any:
