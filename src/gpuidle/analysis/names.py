@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuidle.model import FILE_READ_CALLS
+
 SYNC_CALLS = re.compile(
     r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$|^cu(Stream|Ctx|Event)Synchronize$|^(cuda|hip)Free$"
     r"|BlockHostUntilReady|block_until_ready|^TFE_TensorHandleResolve$|ToLiteral"
@@ -29,7 +31,7 @@ DATA_LOADING = re.compile(
     re.IGNORECASE,
 )
 """Waiting for input: PyTorch's DataLoader, tf.data's ``IteratorGetNext``, JAX's ``device_put`` of a batch, grain."""
-FILE_READ = re.compile(r"^(f?read|pread(64)?|p?readv2?|preadv64|fread_unlocked)$")
+FILE_READ = re.compile("^(" + "|".join(sorted(FILE_READ_CALLS)) + ")$")
 """File reads of a thread that drives the GPU (Nsight's OS runtime trace): loading, but no step marker."""
 COLLECTIVE_HOST = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)")
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")

@@ -95,6 +95,7 @@ from .steps import (
 )
 from .timeline import (
     CAUSES,
+    FILE_READ_CALLS,
     HTOD_KINDS,
     I8,
     I32,
@@ -119,6 +120,7 @@ __all__ = [
     "COMPARE_SCHEMA",
     "EXPORTER_METRICS",
     "F64",
+    "FILE_READ_CALLS",
     "GPU_GAUGES",
     "GPU_LABELS",
     "GPU_METRICS",

@@ -61,6 +61,11 @@ class HostKind(enum.IntEnum):
     """A ``record_function`` range: profiler steps, DataLoader, user ranges."""
 
 
+FILE_READ_CALLS = frozenset({"read", "pread", "pread64", "readv", "preadv", "readv2", "preadv2", "preadv64",
+                             "fread", "fread_unlocked"})
+"""OS calls that read a file: the one list a reader filters OS-runtime traces with and analysis classifies by."""
+
+
 class CopyKind(enum.IntEnum):
     NONE = 0
     HTOD_PAGEABLE = 1

@@ -28,6 +28,7 @@ import numpy as np
 
 from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
 from gpuidle.model import (
+    FILE_READ_CALLS,
     I64,
     CollectiveCalls,
     CopyKind,
@@ -58,7 +59,6 @@ _PYTORCH_KERNEL = re.compile(r"at::native::|at_cuda_detail")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _USER_STEP = re.compile(r"^(?:train(?:ing)?[ _-]?)?(?:step|iteration|iter)\s*[#:_ -]?\s*(\d+)$", re.IGNORECASE)
 _RANK_NVTX = re.compile(r"\brank\s*[#:=_ ]?\s*(\d+)\b", re.IGNORECASE)
-_FILE_READS = frozenset({"read", "pread", "pread64", "readv", "preadv", "preadv2", "fread", "fread_unlocked"})
 RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK")
 WORLD_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE")
 
@@ -263,7 +263,7 @@ def _host_rows(t: Tables, names: _Names, dev: _Rows) -> _Rows:
     if nvtx is not None:
         parts.append(nvtx)
     feeding = np.unique(rt["gtid"]) if rt is not None else np.zeros(0, dtype=np.int64)
-    read_ids = t.string_ids(_FILE_READS) if t.pick("OSRT_API", "nameId") else []
+    read_ids = t.string_ids(FILE_READ_CALLS) if t.pick("OSRT_API", "nameId") else []
     osrt = t.ints("OSRT_API", {"start": ("start",), "end": ("end",), "gtid": ("globalTid",), "raw": ("nameId",)},
                   where=f"nameId IN ({','.join(map(str, read_ids))})") if read_ids and feeding.size else None
     if osrt is not None and osrt["start"].size:
