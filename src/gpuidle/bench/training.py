@@ -21,6 +21,7 @@ from gpuidle.advice.calc import busbw
 from gpuidle.analysis.comm import bus_factor
 from gpuidle.bench.allreduce import AllReduceResult, SizeRow, TrainingComparison
 from gpuidle.bench.common import GIB, KIB, MIB, human_bytes
+from gpuidle.bench.fit import TimedSize, TimeFit, fit_latency_bandwidth
 from gpuidle.model import AnalysisReport, CollectiveStat, duration
 
 WELL_BELOW = 0.5
@@ -29,17 +30,6 @@ ABOVE = 1.25
 """Training busbw above this share of the benchmark's: the two did not run on the same path."""
 FIT_SIZES = 4
 """Measured sizes the latency + bytes / bandwidth fit uses at the end of the range it extends."""
-
-
-class TimeFit(msgspec.Struct, frozen=True):
-    """``time = latency_s + bytes / (bandwidth_gbps × 1e9)``, fitted on ``sizes``."""
-
-    latency_s: float
-    bandwidth_gbps: float
-    sizes: list[int]
-
-    def seconds(self, nbytes: int) -> float:
-        return self.latency_s + nbytes / (self.bandwidth_gbps * 1e9)
 
 
 def interpolate_busbw(rows: Sequence[SizeRow], op: str, nbytes: int) -> float | None:
@@ -53,23 +43,20 @@ def interpolate_busbw(rows: Sequence[SizeRow], op: str, nbytes: int) -> float | 
 
 
 def fit_time(rows: Sequence[SizeRow], op: str, above: bool) -> TimeFit | None:
-    """Least-squares latency + bytes / bandwidth over the largest (``above``) or smallest measured sizes.
+    """The latency + bytes / bandwidth fit over the largest (``above``) or smallest measured sizes.
 
-    None with fewer than two sizes or a time that does not grow with size; a negative
-    latency is taken as zero (the fit through the origin).
+    None with fewer than two sizes or a time that does not grow with size beyond the runs' spread
+    (:func:`~gpuidle.bench.fit.fit_latency_bandwidth` decides).
     """
-    pts = sorted((r.bytes, r.time_us * 1e-6) for r in rows if r.op == op and r.time_us is not None)
+    pts = sorted((r for r in rows if r.op == op and r.time_us is not None), key=lambda r: r.bytes)
     take = pts[-FIT_SIZES:] if above else pts[:FIT_SIZES]
-    if len(take) < 2:
-        return None
-    x = np.array([p[0] for p in take], dtype=np.float64)
-    y = np.array([p[1] for p in take], dtype=np.float64)
-    slope, latency = np.polyfit(x, y, 1)
-    if latency < 0:
-        latency, slope = 0.0, float((x * y).sum() / (x * x).sum())
-    if slope <= 0:
-        return None
-    return TimeFit(float(latency), float(1 / slope / 1e9), [p[0] for p in take])
+    return fit_latency_bandwidth([TimedSize(r.bytes, (r.time_us or 0.0) * 1e-6, _spread_s(r)) for r in take])
+
+
+def _spread_s(row: SizeRow) -> float:
+    if row.time_p90_us is None or row.time_min_us is None:
+        return 0.0
+    return max(row.time_p90_us - row.time_min_us, 0.0) * 1e-6
 
 
 def size_arg(nbytes: int) -> str:
