@@ -45,7 +45,7 @@ def test_in_framework_rewrites_and_drops() -> None:
 def test_straggler_fix_names_the_frameworks_input_pipeline(framework: str, words: str) -> None:
     rec = Recommendation(id="straggler_rank_3", cause="straggler_wait", title="Rank 3 is a straggler", evidence={},
                          fix=rules.STRAGGLER_FIX["data_loading"], gain=placeholder(), confidence="medium", rank=3)
-    (out,) = frameworks.in_framework([Proposal(rec, {3: Effect(own_to=0.1)})], framework)
+    (out,) = frameworks.in_framework([Proposal(rec, {3: Effect(busy=0.1)})], framework)
     assert "DataLoader" not in out.rec.fix
     assert words in out.rec.fix
 

@@ -136,7 +136,7 @@ def analyze(
     if framework == CUDA_APPLICATION:
         proposals = for_cuda(proposals)
     proposals = in_framework(proposals, framework)
-    recs, combined = plan(proposals, reports, include_warmup)
+    recs, combined = plan(proposals, reports, include_warmup, job)
     return AnalysisReport(
         source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
                       skipped=skipped, framework=framework),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuidle.advice.hardware import Hardware, amp_snippet, hardware
-from gpuidle.advice.whatif import Effect, Proposal, RankState, placeholder, rank_state
+from gpuidle.advice.whatif import Effect, Proposal, RankState, excess, modelled, placeholder, rank_state
 from gpuidle.analysis.steps import counted
 from gpuidle.model import Cause, DeviceReport, JobReport, RankReport, Recommendation
 
@@ -66,7 +66,15 @@ class RuleInput:
 
 
 def removes(cause: Cause, seconds: float) -> Effect:
+    """A measured saving: exactly this idle goes."""
     return Effect(idle={cause.value: seconds})
+
+
+def removes_between(low: float, high: float, idle: dict[Cause, float] | None = None, busy: float = 0.0) -> Effect:
+    """A modelled saving: between ``low`` and ``high`` times these seconds go; the nominal is the middle."""
+    mid = (low + high) / 2
+    effect = Effect(idle={c.value: sec * mid for c, sec in (idle or {}).items()}, busy=busy * mid)
+    return modelled(effect, low / mid, high / mid) if mid > 0 else Effect(reason="no saving at either bound")
 
 
 Rule = Callable[[RuleInput], list[Proposal]]
@@ -74,6 +82,9 @@ LARGE_MESSAGE = 16 * MIB
 COMPRESSIBLE_MESSAGE = 1 * MIB
 """Below this an all-reduce is latency-bound (NCCL's ring: tens of µs of latency against 100+ GB/s, the
 crossover near 1-2 MiB): halving its bytes saves little; fewer, larger buckets help instead."""
+CALL_LATENCY_S = 10e-6
+"""A collective call's latency, at least: NCCL's small-message all-reduce on NVLink or InfiniBand
+(nccl-tests, 8 B) takes tens of µs; 10 µs is the low end."""
 LOW_BUSBW_GBPS = 10.0
 """Below this, a large all-reduce is not on NVLink or InfiniBand-class bandwidth."""
 MIN_SHARE = 0.03
@@ -140,6 +151,11 @@ def pinned_memory(x: RuleInput) -> list[Proposal]:
     )]
 
 
+GRAPH_LOW, GRAPH_HIGH = 0.5, 1.0
+"""Share of launch gaps a CUDA-graph replay removes: all of them when the whole step is captured
+(one launch replays every kernel), half when graph breaks leave part of the step eager."""
+
+
 def cuda_graphs(x: RuleInput) -> list[Proposal]:
     k = x.report.kernels
     if x.share(Cause.LAUNCH_OVERHEAD) < 0.10:
@@ -149,10 +165,13 @@ def cuda_graphs(x: RuleInput) -> list[Proposal]:
         "Launch-bound: capture the step with CUDA graphs (torch.compile mode=\"reduce-overhead\")",
         {"launch_overhead_ms_per_step": _ms(x.idle(Cause.LAUNCH_OVERHEAD)),
          "kernels_per_step": round(x.per_window_step(k.count), 1), "short_kernel_share": round(k.short_kernel_share, 3),
-         "median_launch_us": None if k.median_launch_us is None else round(k.median_launch_us, 2)},
+         "median_launch_us": None if k.median_launch_us is None else round(k.median_launch_us, 2),
+         "assumption": f"graph replay removes {GRAPH_LOW * 100:.0f}–{GRAPH_HIGH * 100:.0f} % of the launch gaps "
+                       "(graph breaks and dynamic shapes leave part of the step eager)"},
         "model = torch.compile(model, mode=\"reduce-overhead\")   # fuses kernels and replays CUDA graphs\n"
         "# static shapes required; or capture by hand: torch.cuda.make_graphed_callables(model, (sample_input,))",
-        removes(Cause.LAUNCH_OVERHEAD, x.idle(Cause.LAUNCH_OVERHEAD)),
+        removes_between(GRAPH_LOW, GRAPH_HIGH, {Cause.LAUNCH_OVERHEAD: x.idle(Cause.LAUNCH_OVERHEAD)}),
+        confidence="medium",
     )]
 
 
@@ -165,13 +184,13 @@ def larger_batch(x: RuleInput) -> list[Proposal]:
         "larger_batch", Cause.LAUNCH_OVERHEAD,
         "Tiny kernels starve the GPU: double the per-GPU batch (scale the learning rate with it)",
         {"short_kernel_share": round(k.short_kernel_share, 3), "launch_plus_cpu_share": round(starved, 3),
-         "assumption": "2x batch: host time per sample halves, so half of this idle goes"},
+         "assumption": "2x batch: host time per sample falls by a quarter to a half, and so does this idle"},
         "batch_size = 2 * batch_size\n"
         "lr = base_lr * batch_size / base_batch_size      # linear scaling rule (SGD); sqrt scaling for Adam-type\n"
         "# out of memory? keep the per-GPU batch and accumulate k micro-batches per optimizer step\n"
         "# (under model.no_sync() for all but the last one with DDP)",
-        Effect(idle={Cause.LAUNCH_OVERHEAD.value: x.idle(Cause.LAUNCH_OVERHEAD) / 2,
-                     Cause.CPU_COMPUTE.value: x.idle(Cause.CPU_COMPUTE) / 2}), confidence="low",
+        removes_between(0.25, 0.5, {Cause.LAUNCH_OVERHEAD: x.idle(Cause.LAUNCH_OVERHEAD),
+                                    Cause.CPU_COMPUTE: x.idle(Cause.CPU_COMPUTE)}), confidence="low",
     )]
 
 
@@ -189,8 +208,10 @@ def cpu_work(x: RuleInput) -> list[Proposal]:
     )]
 
 
-AMP_SPEEDUP = 2.0
-"""Conservative speed-up of a GEMM/conv moved from fp32 to fp16/bf16 tensor cores."""
+AMP_SPEEDUP_LOW, AMP_SPEEDUP_HIGH = 1.5, 2.0
+"""Speed-up of a GEMM/conv's time moved from fp32 to fp16/bf16 matrix units: the conservative end of
+what mixed precision measures in training (the datasheets' peak ratios are 2× TF32 and 8-16× plain
+fp32 on V100-H100; real GEMMs reach a fraction of peak, and memory-bound layers gain less)."""
 
 
 def mixed_precision(x: RuleInput) -> list[Proposal]:
@@ -208,9 +229,10 @@ def mixed_precision(x: RuleInput) -> list[Proposal]:
         effect = Effect(reason=f"{hw.label} has no tensor cores: fp16 halves memory traffic, "
                                "but the GEMM speed-up cannot be estimated")
     else:
-        evidence["assumption"] = f"fp32 GEMM/conv time shrinks {AMP_SPEEDUP:g}x on the matrix units" + (
-            "; the trace records no compute capability: tensor cores assumed" if hw.tensor_cores is None else "")
-        effect = Effect(busy=fp32_gemm_s * (1 - 1 / AMP_SPEEDUP))
+        evidence["assumption"] = (
+            f"fp32 GEMM/conv time shrinks {AMP_SPEEDUP_LOW:g}–{AMP_SPEEDUP_HIGH:g}× on the matrix units" + (
+                "; the trace records no compute capability: tensor cores assumed" if hw.tensor_cores is None else ""))
+        effect = removes_between(1 - 1 / AMP_SPEEDUP_LOW, 1 - 1 / AMP_SPEEDUP_HIGH, busy=fp32_gemm_s)
     return [x.rec(
         "mixed_precision", COMPUTE, "GEMMs/convolutions run in fp32: use mixed precision (torch.autocast)",
         evidence, amp_snippet(hw), effect, confidence="medium" if hw.tensor_cores else "low",
@@ -313,14 +335,16 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
             f"{count:.0f} all-reduces per step: fewer, larger buckets (bucket_cap_mb={cap})",
             {"all_reduces_per_step": round(count, 1), "all_reduce_mib_per_step": round(nbytes / MIB, 2),
              "exposed_comm_ms_per_step": _ms(exposed),
-             "assumption": "about 4 buckets per step; at most the exposed communication is saved"},
+             "assumption": f"about 4 buckets per step: each all-reduce call fewer saves at least "
+                           f"{CALL_LATENCY_S * 1e6:.0f} µs of latency, at most the exposed communication goes"},
             f"model = torch.nn.parallel.DistributedDataParallel(\n"
             f"    model, device_ids=[local_rank],\n"
             f"    bucket_cap_mb={cap},             # default 25\n"
             f"    gradient_as_bucket_view=True,   # no copy between gradients and buckets\n"
             f"    static_graph=True,              # if the used parameters never change between steps\n"
             f")",
-            removes(Cause.COMMUNICATION, exposed), confidence="medium",
+            removes_between(min(1.0, (count - 4) * CALL_LATENCY_S / exposed), 1.0,
+                            {Cause.COMMUNICATION: exposed}), confidence="medium",
         ))
     sized = [c for c in reduces if c.busbw_gbps is not None]
     message = sum(c.bytes for c in reduces) / max(1, sum(c.count for c in reduces))
@@ -333,14 +357,15 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
              "mean_message_mib": round(message / MIB, 2),
              "overlap_ratio": None if comm.overlap_ratio is None else round(comm.overlap_ratio, 3),
              "all_reduce_busbw_gbps": round(worst.busbw_gbps or 0.0, 2) if worst else None,
-             "assumption": "bf16 halves the bytes on the wire: half the exposed time"},
+             "assumption": "bf16 halves the bytes on the wire: a quarter (half the time is latency) "
+                           "to half of the exposed time"},
             "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
             "model.register_comm_hook(state=None, hook=default_hooks.bf16_compress_hook)  # or fp16_compress_hook\n"
             "# stronger: from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD\n"
             "#   state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1,\n"
             "#                                  start_powerSGD_iter=1_000)\n"
             "#   model.register_comm_hook(state, powerSGD.powerSGD_hook)",
-            removes(Cause.COMMUNICATION, exposed / 2), confidence="medium",
+            removes_between(0.25, 0.5, {Cause.COMMUNICATION: exposed}), confidence="medium",
         ))
     large = [c for c in sized if c.count and c.bytes / c.count >= LARGE_MESSAGE
              and (c.busbw_gbps or 0.0) < LOW_BUSBW_GBPS]
@@ -352,23 +377,25 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
             {"all_reduce_busbw_gbps": round(c.busbw_gbps or 0.0, 2),
              "mean_message_mib": round(c.bytes / c.count / MIB, 1),
              "caveat": "kernel time includes waiting for other ranks; "
-                       "measure the link itself with gpuidle bench allreduce"},
+                       "measure the link itself with gpuidle bench allreduce",
+             "assumption": "a transport at its link's speed takes none to half of the exposed time away"},
             "# which transport does NCCL pick? (debug output: not for production runs)\n"
             "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET torchrun ...   # look for 'via NET/Socket' vs 'NET/IB'\n"
             "# pin NCCL to the fast interface and make sure InfiniBand is not disabled\n"
             "export NCCL_SOCKET_IFNAME=ib0        # or your high-speed Ethernet interface, e.g. ens5\n"
             "export NCCL_IB_DISABLE=0",
-            removes(Cause.COMMUNICATION, exposed / 2), confidence="low",
+            removes_between(0.0, 0.5, {Cause.COMMUNICATION: exposed}), confidence="low",
         ))
     busy = x.device.busy_s
     if x.report.communication.comm_s >= busy > 0:
         out.append(x.rec(
             "comm_bound_batch", Cause.COMMUNICATION,
             "Communication takes as long as compute: more work per all-reduce",
-            {"comm_s": round(comm.comm_s, 6), "compute_busy_s": round(busy, 6)},
+            {"comm_s": round(comm.comm_s, 6), "compute_busy_s": round(busy, 6),
+             "assumption": "k× the work per all-reduce: none to half of the exposed time per sample goes"},
             "# raise the per-GPU batch (scale lr linearly), or accumulate k micro-batches per optimizer step\n"
             "# under model.no_sync() so gradients are all-reduced once per k",
-            removes(Cause.COMMUNICATION, exposed / 2), confidence="low",
+            removes_between(0.0, 0.5, {Cause.COMMUNICATION: exposed}), confidence="low",
         ))
     return out
 
@@ -402,15 +429,17 @@ SMI_PERFORMANCE = {"nvidia-smi": "nvidia-smi -q -d PERFORMANCE", "rocm-smi": "ro
 
 
 def straggler_recommendations(job: JobReport, reports: list[RankReport], include_all: bool = False) -> list[Proposal]:
-    """A straggler named with evidence: its fix brings its own step time to its peers' median."""
+    """A straggler named with evidence: its fix removes its excess over its peers' median, part by part."""
     out = []
     by_rank = {r.rank: r for r in reports}
     for s in job.stragglers:
         others = [r for r in reports if r.rank != s.rank and r.steps]
         if not others or s.rank not in by_rank:
             continue
-        peers = float(np.median([rank_state(r, include_all).own_s for r in others]))
+        peer_states = [rank_state(r, include_all) for r in others]
+        peers = float(np.median([p.own_s for p in peer_states]))
         mine = rank_state(by_rank[s.rank], include_all)
+        extra = excess(mine, peer_states)
         smi = hardware(by_rank[s.rank].primary()).smi
         fix = STRAGGLER_FIX.get(s.cause, "# compare this rank's host (CPU load, storage, network) with a healthy one")
         fix = fix.replace("{smi}", SMI_PERFORMANCE.get(smi or "", "the device's clock and throttle counters"))
@@ -420,8 +449,9 @@ def straggler_recommendations(job: JobReport, reports: list[RankReport], include
             title=f"Rank {s.rank} is a straggler (score {s.score:.2f}): the other ranks wait for it",
             evidence={"rank": s.rank, "late_in_steps": s.steps, "mean_lateness_ms": _ms(s.lateness_s),
                       "score": round(s.score, 3), "score_interval": [s.score_low, s.score_high], "why": s.why,
-                      "own_step_ms": _ms(mine.own_s), "peers_median_own_step_ms": _ms(peers)},
+                      "own_step_ms": _ms(mine.own_s), "peers_median_own_step_ms": _ms(peers),
+                      "excess_ms": {"compute": _ms(extra.busy), **{c: _ms(v) for c, v in extra.idle.items()}}},
             fix=fix, gain=placeholder(), confidence="medium", rank=s.rank,
         )
-        out.append(Proposal(rec, {s.rank: Effect(own_to=peers, pools=pools)}))
+        out.append(Proposal(rec, {s.rank: Effect(idle=extra.idle, busy=extra.busy, pools=pools)}))
     return out

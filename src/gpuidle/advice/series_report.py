@@ -24,7 +24,7 @@ def series_report(
         proposals.extend(recommend(r, include_all=include_warmup))
     if job is not None:
         proposals.extend(straggler_recommendations(job, reports, include_warmup))
-    recs, combined = plan(proposals, reports, include_warmup)
+    recs, combined = plan(proposals, reports, include_warmup, job)
     return AnalysisReport(
         source=Source(paths=list(paths), format=TRACKER_SOURCE, skipped=list(skipped)),
         ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,

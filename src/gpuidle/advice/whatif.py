@@ -2,47 +2,78 @@
 
 Per rank, a steady-state step (the mean over the steps not marked ``excluded``) is its
 busy time plus its idle per cause. A rank's *own* step time is its step less the time it
-waited for slower ranks (``straggler_wait``); the job's step time is the slowest rank's
-own time, so it includes that rank's exposed communication. A fix removes seconds per
-step from pools of one or more ranks: idle of a cause, busy time (compute-side fixes),
-or a straggler's excess. Its gain is the job step time before less after, so a fix on a
-rank that does not set the pace saves nothing until the rank that does is fixed.
+waited for slower ranks (``straggler_wait``); a synchronous step ends at its collective,
+so the job's step time is the slowest rank's own time. A fix removes seconds per step
+from pools of one or more ranks: idle of a cause, busy time (compute-side fixes), or a
+straggler's excess over its peers part by part. The job step is recomputed from every
+rank's remaining parts, so a fix on a rank that does not set the pace saves nothing until
+the rank that does is fixed, and then its full value.
 
-Fixes drawing on the same pool (rank, cause) share it: the best carries the gain, the
-others are its alternatives. The fixes that are not alternatives are applied greedily,
-largest marginal saving first; that is the order of the report, and ``combined`` is the
-result of applying them all, never more than the idle and compute they remove.
+A fix that removes what the input measured is a point; one whose saving rests on an
+assumption carries the assumption's two ends (:attr:`Effect.low`, :attr:`Effect.high`, as
+factors of its nominal effect) and its gain is a range. Fixes drawing on the same pool
+(rank, cause) share it: the best carries the gain, the others are its alternatives. The
+others are applied in ranked order, each chosen for the largest saving *at its low end*
+after the fixes above it (then the higher confidence): a certain saving ranks above a
+larger assumed one. ``combined`` is the last link of that chain, never more than the idle
+and compute the fixes remove.
+
+Where the ranks cannot be put side by side (a rank missing from the job, a rank with no
+steps, ranks that disagree on the steps they cover), no job-level figure is given: each
+gain is its rank's own step time saved (``scope="rank"``) and the job's notes say why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
 from gpuidle.analysis.steps import counted
-from gpuidle.model import Cause, Combined, Gain, RankReport, Recommendation
+from gpuidle.model import Cause, Combined, Gain, JobReport, RankReport, Recommendation
 
 MINOR_SHARE = 0.005
 """A fix saving less than 0.5 % of a step stays in the JSON but leaves the terminal's top list."""
 _CONFIDENCE = {"high": 0, "medium": 1, "low": 2}
+TIE_SHARE = 0.01
+"""Savings within 1 % of the step of each other rank as equal, then by confidence: run-to-run noise in
+the measured means (and rounding in their sums) never decides between two fixes."""
+
+Bound = Literal["low", "nominal", "high"]
 
 
 @dataclass(frozen=True, slots=True)
 class Effect:
     """What a fix removes from one rank's steady step, in seconds per step.
 
-    ``idle``: cause -> seconds; ``busy``: compute time; ``own_to``: bring the rank's own step
-    time down to this (a straggler fixed to its peers' level); ``pools``: further pools it
-    claims. ``reason`` set: the gain cannot be estimated, and says why.
+    ``idle``: cause -> seconds; ``busy``: compute time; ``pools``: further pools it claims.
+    ``low``/``high``: the effect at the two ends of its assumption, as factors of this nominal
+    one (both 1 for a measured saving). ``reason`` set: the gain cannot be estimated, and says why.
     """
 
     idle: dict[str, float] = field(default_factory=dict)
     busy: float = 0.0
-    own_to: float | None = None
     pools: tuple[str, ...] = ()
     reason: str | None = None
+    low: float = 1.0
+    high: float = 1.0
+
+    def at(self, bound: Bound) -> Effect:
+        f = {"low": self.low, "nominal": 1.0, "high": self.high}[bound]
+        if f == 1.0:
+            return self
+        return replace(self, idle={c: sec * f for c, sec in self.idle.items()}, busy=self.busy * f)
+
+    @property
+    def modelled(self) -> bool:
+        return self.low != 1.0 or self.high != 1.0
+
+
+def modelled(effect: Effect, low: float, high: float) -> Effect:
+    """``effect`` as the nominal of a modelled saving whose assumption spans ``low``..``high`` times it."""
+    return replace(effect, low=low, high=high)
 
 
 @dataclass(slots=True)
@@ -51,6 +82,9 @@ class Proposal:
 
     rec: Recommendation
     effects: dict[int, Effect]
+
+
+Applied = Sequence[tuple[Proposal, Bound]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,58 +107,65 @@ def rank_state(r: RankReport, include_all: bool = False) -> RankState:
     return RankState(r.rank, sum(s.dur_s for s in steps) / n, sum(s.busy_s for s in steps) / n, idle)
 
 
+def excess(mine: RankState, peers: Sequence[RankState]) -> Effect:
+    """A rank's parts above its peers' median of the same part: busy time and each idle cause but the wait."""
+    if not peers:
+        return Effect()
+    busy = mine.busy_s - float(np.median([p.busy_s for p in peers]))
+    idle = {}
+    for cause, sec in mine.idle.items():
+        if cause == Cause.STRAGGLER_WAIT.value:
+            continue
+        over = sec - float(np.median([p.idle.get(cause, 0.0) for p in peers]))
+        if over > 0:
+            idle[cause] = over
+    return Effect(idle=idle, busy=max(busy, 0.0))
+
+
 @dataclass(slots=True)
 class Model:
     ranks: dict[int, RankState]
 
-    def step_s(self, applied: Sequence[Proposal] = ()) -> float:
-        return max(self._own_after(applied).values(), default=0.0)
+    def step_s(self, applied: Applied = ()) -> float:
+        return max(self.own_after(applied).values(), default=0.0)
 
-    def utilization(self, applied: Sequence[Proposal] = ()) -> float:
+    def utilization(self, applied: Applied = ()) -> float:
         t = self.step_s(applied)
-        busy = self._busy_after(applied)
+        busy = self._left(applied)[1]
         return float(np.mean(list(busy.values()))) / t if t > 0 and busy else 0.0
 
-    def _own_after(self, applied: Sequence[Proposal]) -> dict[int, float]:
-        own = {r: s.own_s for r, s in self.ranks.items()}
-        left = {r: dict(s.idle) for r, s in self.ranks.items()}
+    def own_after(self, applied: Applied = ()) -> dict[int, float]:
+        """Each rank's own step time once ``applied`` are applied, at their bounds."""
+        idle, busy = self._left(applied)
+        return {r: busy[r] + sum(v for c, v in idle[r].items() if c != Cause.STRAGGLER_WAIT.value)
+                + self._rest(r) for r in self.ranks}
+
+    def _rest(self, r: int) -> float:
+        """Step time that is neither busy nor an idle cause (zero when the causes add up, as they do)."""
+        s = self.ranks[r]
+        return s.step_s - s.busy_s - sum(s.idle.values())
+
+    def _left(self, applied: Applied) -> tuple[dict[int, dict[str, float]], dict[int, float]]:
+        idle = {r: dict(s.idle) for r, s in self.ranks.items()}
         busy = {r: s.busy_s for r, s in self.ranks.items()}
-        for p in applied:
+        for p, bound in applied:
             for r, e in p.effects.items():
-                if r not in own or e.reason is not None:
+                if r not in idle or e.reason is not None:
                     continue
+                e = e.at(bound)
                 for cause, sec in e.idle.items():
-                    take = min(sec, left[r].get(cause, 0.0))
-                    left[r][cause] = left[r].get(cause, 0.0) - take
-                    own[r] -= take
-                take = min(e.busy, busy[r])
-                busy[r] -= take
-                own[r] -= take
-                if e.own_to is not None:
-                    own[r] = min(own[r], e.own_to)
-        return own
+                    idle[r][cause] = max(0.0, idle[r].get(cause, 0.0) - sec)
+                busy[r] = max(0.0, busy[r] - e.busy)
+        return idle, busy
 
-    def _busy_after(self, applied: Sequence[Proposal]) -> dict[int, float]:
-        busy = {r: s.busy_s for r, s in self.ranks.items()}
-        for p in applied:
-            for r, e in p.effects.items():
-                if r in busy and e.reason is None:
-                    busy[r] = max(0.0, busy[r] - e.busy)
-        return busy
-
-    def limit(self, applied: Sequence[Proposal] = ()) -> tuple[int, str, float]:
+    def limit(self, applied: Applied = ()) -> tuple[int, str, float]:
         """The rank that sets the step afterwards, its largest remaining idle cause and its seconds."""
-        own = self._own_after(applied)
+        own = self.own_after(applied)
         if not own:
             return 0, "none", 0.0
         r = max(own, key=lambda k: (own[k], -k))
-        left = dict(self.ranks[r].idle)
+        left = dict(self._left(applied)[0][r])
         left.pop(Cause.STRAGGLER_WAIT.value, None)
-        for p in applied:
-            e = p.effects.get(r)
-            if e is not None and e.reason is None:
-                for cause, sec in e.idle.items():
-                    left[cause] = max(0.0, left.get(cause, 0.0) - sec)
         cause = max(left, key=lambda k: left[k], default="none")
         return r, cause, left.get(cause, 0.0)
 
@@ -161,14 +202,14 @@ def _job_wide(p: Proposal, model: Model) -> Proposal:
     """A collective is one operation on every rank: a fix that shortens it removes the same share of
     exposed communication on the ranks it did not fire on."""
     comm = Cause.COMMUNICATION.value
-    shares = [e.idle[comm] / model.ranks[r].idle[comm] for r, e in p.effects.items()
+    shares = [(e.idle[comm] / model.ranks[r].idle[comm], e) for r, e in p.effects.items()
               if r in model.ranks and model.ranks[r].idle.get(comm, 0.0) > 0 and comm in e.idle]
     if p.rec.cause != comm or not shares:
         return p
-    share = min(shares)
+    share, like = min(shares, key=lambda se: se[0])
     for r, state in model.ranks.items():
         if r not in p.effects and state.idle.get(comm, 0.0) > 0:
-            p.effects[r] = Effect(idle={comm: share * state.idle[comm]})
+            p.effects[r] = replace(like, idle={comm: share * state.idle[comm]}, busy=0.0, pools=())
     return p
 
 
@@ -176,21 +217,51 @@ def _estimable(p: Proposal) -> bool:
     return all(e.reason is None for e in p.effects.values())
 
 
-def plan(proposals: Sequence[Proposal], reports: Sequence[RankReport],
-         include_all: bool = False) -> tuple[list[Recommendation], Combined | None]:
+def _is_modelled(p: Proposal) -> bool:
+    return any(e.modelled for e in p.effects.values())
+
+
+def job_problem(reports: Sequence[RankReport], job: JobReport | None) -> str | None:
+    """Why the ranks cannot be put side by side in one job step, or None when they can."""
+    if job is None or len(reports) < 2:
+        return None
+    empty = sorted(r.rank for r in reports if not r.steps)
+    if empty:
+        return f"rank {', '.join(map(str, empty))} has no steps"
+    if job.missing_ranks:
+        few = ", ".join(map(str, job.missing_ranks[:8])) + (" …" if len(job.missing_ranks) > 8 else "")
+        return f"{len(job.missing_ranks)} rank(s) missing from the input ({few}): any of them may set the pace"
+    counts = {r.rank: len(r.steps) for r in reports}
+    if len(set(counts.values())) > 1:
+        most = max(counts.values())
+        short = sorted(r for r, n in counts.items() if n != most)
+        return (f"the ranks cover different steps (rank {short[0]}: {counts[short[0]]} steps, "
+                f"others {most}): their steps cannot be matched")
+    return None
+
+
+def plan(proposals: Sequence[Proposal], reports: Sequence[RankReport], include_all: bool = False,
+         job: JobReport | None = None) -> tuple[list[Recommendation], Combined | None]:
     """Every recommendation with its gain, in the order to apply them, and the combined result."""
+    problem = job_problem(reports, job)
+    if problem is not None and job is not None:
+        job.notes.append(f"what-if: no job-level figure, {problem}; each gain is its rank's own step time saved")
+        return _per_rank(proposals, reports, include_all, problem), None
     model = Model({r.rank: rank_state(r, include_all) for r in reports if r.steps})
     merged = [_job_wide(p, model) for p in merge(proposals)]
-    t0 = model.step_s()
-    u0 = model.utilization()
-    alone = {p.rec.id: t0 - model.step_s([p]) if _estimable(p) else None for p in merged}
+    return _chain(merged, model)
 
-    def key(p: Proposal) -> tuple[float, int, str]:
-        return (-(alone[p.rec.id] or 0.0), _CONFIDENCE.get(p.rec.confidence, 3), p.rec.id)
+
+def _chain(merged: list[Proposal], model: Model) -> tuple[list[Recommendation], Combined | None]:
+    t0, u0 = model.step_s(), model.utilization()
+    alone = {p.rec.id: _saved(model, [], p) for p in merged}
+
+    def rank_key(saved: tuple[float, float, float] | None, p: Proposal) -> tuple[float, int, float, str]:
+        return _rank_key(saved, p, t0)
 
     primaries: list[Proposal] = []
     alternatives: dict[str, list[Proposal]] = {}
-    for p in sorted(merged, key=key):
+    for p in sorted(merged, key=lambda p: rank_key(alone[p.rec.id], p)):
         claim = _pools(p)
         owner = next((q for q in primaries if claim & _pools(q)), None) if _estimable(p) else None
         if owner is None:
@@ -198,22 +269,19 @@ def plan(proposals: Sequence[Proposal], reports: Sequence[RankReport],
         else:
             alternatives.setdefault(owner.rec.id, []).append(p)
 
-    applied: list[Proposal] = []
+    applied: list[tuple[Proposal, Bound]] = []
     order: list[Proposal] = []
     todo = [p for p in primaries if _estimable(p)]
     while todo:
-        now = model.step_s(applied)
-        best = min(todo, key=lambda p: (-(now - model.step_s([*applied, p])), *key(p)))
-        marginal = now - model.step_s([*applied, best])
-        _set_gain(best, model, t0, u0, alone[best.rec.id], marginal, applied)
-        applied.append(best)
+        marg = {p.rec.id: _saved(model, applied, p) for p in todo}
+        best = min(todo, key=lambda p: rank_key(marg[p.rec.id], p))
+        _set_gain(best, model, t0, u0, alone[best.rec.id], marg[best.rec.id], [q for q, _ in applied])
+        applied.append((best, "nominal"))
         order.append(best)
         todo.remove(best)
     for p in primaries:
         if not _estimable(p):
-            reason = next(e.reason for e in p.effects.values() if e.reason is not None)
-            p.rec.gain = Gain(step_s_saved=None, utilization_after=None, utilization_before=u0, step_s_before=t0,
-                              reason=reason)
+            _not_estimable(p, t0, u0)
             order.append(p)
     out: list[Recommendation] = []
     for p in order:
@@ -224,39 +292,96 @@ def plan(proposals: Sequence[Proposal], reports: Sequence[RankReport],
             out.append(a.rec)
     if not model.ranks:
         return out, None
-    t1 = model.step_s(applied)
-    r, cause, sec = model.limit(applied)
+    return out, _combined(model, [p for p, _ in applied], t0)
+
+
+def _rank_key(saved: tuple[float, float, float] | None, p: Proposal, step_s: float) -> tuple[float, int, float, str]:
+    """Larger low end first (equal within :data:`TIE_SHARE` of the step), then confidence, then the nominal."""
+    low, mid, _ = saved or (0.0, 0.0, 0.0)
+    quantum = TIE_SHARE * step_s if step_s > 0 else 1e-9
+    return (-round(low / quantum), _CONFIDENCE.get(p.rec.confidence, 3), -mid, p.rec.id)
+
+
+def _saved(model: Model, applied: Applied, p: Proposal) -> tuple[float, float, float] | None:
+    """Step time ``p`` saves after ``applied``, at its low, nominal and high bound; None: not estimable."""
+    if not _estimable(p):
+        return None
+    now = model.step_s(applied)
+    low, mid, high = (now - model.step_s([*applied, (p, b)]) for b in ("low", "nominal", "high"))
+    return min(low, mid), mid, max(high, mid)
+
+
+def _combined(model: Model, fixes: list[Proposal], t0: float) -> Combined:
+    t1 = model.step_s([(p, "nominal") for p in fixes])
+    r, cause, sec = model.limit([(p, "nominal") for p in fixes])
     where = f" on rank {r}" if len(model.ranks) > 1 else ""
     limit = f"{cause}{where}: {sec * 1e3:.2f} ms/step of idle left" if sec > 0 else f"compute{where}"
-    combined = Combined(step_s_before=t0, step_s_saved=t0 - t1, step_s_after=t1,
-                        utilization_after=model.utilization(applied), fixes=[p.rec.id for p in applied], limit=limit)
-    return out, combined
+    low = t0 - model.step_s([(p, "low") for p in fixes])
+    high = t0 - model.step_s([(p, "high") for p in fixes])
+    return Combined(step_s_before=t0, step_s_saved=t0 - t1, step_s_after=t1,
+                    utilization_after=model.utilization([(p, "nominal") for p in fixes]),
+                    fixes=[p.rec.id for p in fixes], limit=limit,
+                    step_s_saved_low=min(low, t0 - t1), step_s_saved_high=max(high, t0 - t1))
 
 
-def _set_gain(p: Proposal, model: Model, t0: float, u0: float, saved: float | None, marginal: float | None,
-              before: list[Proposal]) -> None:
-    after_t = model.step_s([p])
-    util = model.utilization([p])
+def _per_rank(proposals: Sequence[Proposal], reports: Sequence[RankReport], include_all: bool,
+              problem: str) -> list[Recommendation]:
+    """Each fix on its own rank's step alone: the figures that stay true when the job's cannot be given."""
+    states = {r.rank: rank_state(r, include_all) for r in reports if r.steps}
+    scored: list[tuple[tuple[float, int, float, str], Recommendation]] = []
+    for p in merge(proposals):
+        ranks = [r for r in p.effects if r in states]
+        if not _estimable(p) or not ranks:
+            _not_estimable(p, None, None, None if ranks else f"no job-level figure: {problem}")
+            scored.append(((1.0, 9, 0.0, p.rec.id), p.rec))
+            continue
+        best = max(ranks, key=lambda r: (_saved(Model({r: states[r]}), [], p) or (0.0, 0.0, 0.0))[1])
+        model = Model({best: states[best]})
+        saved = _saved(model, [], p)
+        _set_gain(p, model, model.step_s(), model.utilization(), saved, None, [])
+        p.rec.gain.scope = "rank"
+        p.rec.gain.reason = p.rec.gain.reason or f"rank {best}'s own step; no job-level figure: {problem}"
+        scored.append((_rank_key(saved, p, model.step_s()), p.rec))
+    return [rec for _, rec in sorted(scored, key=lambda kr: kr[0])]
+
+
+def _not_estimable(p: Proposal, t0: float | None, u0: float | None, why: str | None = None) -> None:
+    reason = why or next(e.reason for e in p.effects.values() if e.reason is not None)
+    p.rec.gain = Gain(step_s_saved=None, utilization_after=None, utilization_before=u0, step_s_before=t0,
+                      reason=reason, basis="modelled" if _is_modelled(p) else "measured")
+
+
+def _set_gain(p: Proposal, model: Model, t0: float, u0: float, saved: tuple[float, float, float] | None,
+              marginal: tuple[float, float, float] | None, before: list[Proposal]) -> None:
+    mine: Applied = [(p, "nominal")]
+    after_t = model.step_s(mine)
+    util = model.utilization(mine)
+    low, mid, high = saved if saved is not None else (None, None, None)
+    after_mid = marginal[1] if marginal is not None else None
     reason = None
     after_id = None
-    if marginal is not None and saved is not None and saved < MINOR_SHARE * t0 < marginal and before:
+    if after_mid is not None and mid is not None and mid < MINOR_SHARE * t0 < after_mid and before:
         prev = before[-1]
-        r = model.limit(before)[0]
+        r = model.limit([(q, "nominal") for q in before])[0]
         after_id = prev.rec.id
         reason = (f"after {prev.rec.id}" + (f" on rank {prev.rec.rank}" if prev.rec.rank is not None else "")
-                  + f", {p.rec.cause} on rank {r} limits the step: {marginal * 1e3:.2f} ms")
+                  + f", {p.rec.cause} on rank {r} limits the step: {after_mid * 1e3:.2f} ms")
     elif util < u0 - 1e-9:
-        r, cause, sec = model.limit([p])
+        r, cause, sec = model.limit(mine)
         was, now = _distinct_percents(u0, util)
         reason = (f"utilization falls from {was} % to {now} %: "
                   "the step gets shorter, the idle stays"
                   + (f" ({cause} {sec * 1e3:.2f} ms/step is next)" if sec > 0 else ""))
+    is_modelled = _is_modelled(p)
+    assumption = p.rec.evidence.get("assumption") if is_modelled else None
     p.rec.gain = Gain(
-        step_s_saved=saved, utilization_after=util, utilization_before=u0, step_s_before=t0, step_s_after=after_t,
+        step_s_saved=mid, utilization_after=util, utilization_before=u0, step_s_before=t0, step_s_after=after_t,
         speedup=t0 / after_t if after_t > 0 else None, reason=reason, after=after_id,
-        step_s_saved_after=marginal,
+        step_s_saved_after=after_mid, step_s_saved_low=low, step_s_saved_high=high,
+        basis="modelled" if is_modelled else "measured",
+        assumption=str(assumption) if assumption is not None else None,
     )
-    p.rec.gain.minor = saved is not None and max(saved, marginal or 0.0) < MINOR_SHARE * t0
+    p.rec.gain.minor = mid is not None and max(mid, after_mid or 0.0) < MINOR_SHARE * t0
 
 
 def _distinct_percents(a: float, b: float) -> tuple[str, str]:

@@ -132,8 +132,8 @@ def rank_report(series: StepSeries) -> RankReport:
     disturbed = after_profiling(series.profiled) & ~series.profiled.all()
     if len(s) < len(series):
         disturbed = disturbed[~series.profiled]
-    excluded = steady_state(s.dur, disturbed)
     split = split_steps(s)
+    excluded = steady_state(s.dur, disturbed, busy=split.busy)
     n = len(s)
     window = int(s.dur.sum())
     busy = int(split.busy.sum())

@@ -91,14 +91,18 @@ MIN_EXCESS = 0.25
 MIN_STEPS_TO_JUDGE = 3
 
 
-def steady_state(dur: npt.ArrayLike, disturbed: npt.ArrayLike | None = None) -> list[str | None]:
+def steady_state(dur: npt.ArrayLike, disturbed: npt.ArrayLike | None = None,
+                 busy: npt.ArrayLike | None = None) -> list[str | None]:
     """Why each step is not steady state, or None.
 
     ``profiler`` for steps a profiler started, ran or stopped in (``disturbed``); then,
     with at least three steps, a step beyond ``median + max(5 · 1.4826 · MAD, 25 % of
     the median)`` of the other steps is ``warmup`` when no steady step came before it
     (cudnn autotuning, lazy init, allocator growth), else ``outlier``. The median and
-    MAD are robust: up to half the steps can be slow without moving them.
+    MAD are robust: up to half the steps can be slow without moving them. With ``busy``
+    the same bound applies to each step's busy time too: a step of ordinary length whose
+    compute phases held a one-time wait (DDP rebuilding its buckets in the second step's
+    forward waits there for every rank) is not a steady step either.
     """
     d = np.asarray(dur, dtype=np.float64)
     out: list[str | None] = [None] * d.size
@@ -108,15 +112,23 @@ def steady_state(dur: npt.ArrayLike, disturbed: npt.ArrayLike | None = None) -> 
     rest = np.flatnonzero(~prof)
     if rest.size < MIN_STEPS_TO_JUDGE:
         return out
-    median = float(np.median(d[rest]))
-    mad = 1.4826 * float(np.median(np.abs(d[rest] - median)))
-    limit = median + max(MAD_K * mad, MIN_EXCESS * median)
+    beyond = _beyond(d, rest)
+    if busy is not None:
+        beyond |= _beyond(np.asarray(busy, dtype=np.float64), rest)
     steady_seen = False
     for i in rest:
-        if d[i] > limit:
+        if beyond[i]:
             out[i] = OUTLIER if steady_seen else WARMUP
         else:
             steady_seen = True
+    return out
+
+
+def _beyond(values: npt.NDArray[np.float64], rest: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+    """Which steps lie beyond ``median + max(MAD_K · MAD, MIN_EXCESS · median)`` of the steps in ``rest``."""
+    median = float(np.median(values[rest]))
+    mad = 1.4826 * float(np.median(np.abs(values[rest] - median)))
+    out: npt.NDArray[np.bool_] = values > median + max(MAD_K * mad, MIN_EXCESS * median)
     return out
 
 

@@ -7,6 +7,7 @@ by the host sleeping (``--device-ms``), so two ranks on two CPU cores keep stead
 and leave the cores to the communication threads. Each bottleneck is a real one:
 
 - ``--item-delay-ms``: the dataset sleeps this long per sample (slow decoding): ``data_loading``;
+  with ``--data-rank R`` on rank R only (a slow shard or host);
 - ``--straggler-rank R --straggler-ms T``: rank R's forward takes T ms longer (a slow device):
   the other ranks wait in the all-reduce, ``straggler_wait``;
 - ``--comm-mb M``: an extra M MiB parameter used first in the forward, so its gradient is
@@ -117,6 +118,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device-ms", type=float, default=12.0,
                    help="simulated device time per step (forward a third, backward two thirds); 0: none")
     p.add_argument("--item-delay-ms", type=float, default=0.0)
+    p.add_argument("--data-rank", type=int, default=-1, help="the rank whose data is slow (-1: every rank)")
     p.add_argument("--straggler-rank", type=int, default=-1)
     p.add_argument("--straggler-ms", type=float, default=0.0)
     p.add_argument("--comm-mb", type=float, default=0.0)
@@ -144,7 +146,8 @@ def setup(args: argparse.Namespace) -> Workload:
     model = Mlp(args.dim, args.width, 10, args.comm_mb, args.device_ms / 1e3).to(device)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
                                               bucket_cap_mb=args.bucket_mb)
-    data = Batches(args.steps, args.batch, args.dim, 10, args.item_delay_ms / 1e3, seed=rank)
+    delay_s = args.item_delay_ms / 1e3 if args.data_rank in (-1, rank) else 0.0
+    data = Batches(args.steps, args.batch, args.dim, 10, delay_s, seed=rank)
     loader: DataLoader[tuple[torch.Tensor, torch.Tensor]] = DataLoader(data, batch_size=None, shuffle=False,
                                                                         pin_memory=cuda)
     params = [p for name, p in model.named_parameters() if name != "extra"]

@@ -157,6 +157,16 @@ class Gain(msgspec.Struct, kw_only=True):
     """Step time saved once the fixes ranked above it are applied."""
     minor: bool = False
     """Saves under 0.5 % of a step: kept in the JSON, left out of the terminal's top list."""
+    step_s_saved_low: float | None = None
+    step_s_saved_high: float | None = None
+    """The range of ``step_s_saved``: equal to it for a measured saving, the assumption's bounds for a modelled one."""
+    basis: str = "measured"
+    """``measured``: the fix removes idle or excess measured in the input (a point); ``modelled``: its saving
+    rests on ``assumption`` (a range)."""
+    assumption: str | None = None
+    scope: str = "job"
+    """``job``: the job's step time (every rank, the slowest sets the pace); ``rank``: this rank's own step,
+    where a job-level figure cannot be given (the report's job notes say why)."""
 
 
 class Recommendation(msgspec.Struct):
@@ -183,6 +193,9 @@ class Combined(msgspec.Struct):
     fixes: list[str]
     limit: str
     """What sets the step time afterwards, in words."""
+    step_s_saved_low: float | None = None
+    step_s_saved_high: float | None = None
+    """The range of ``step_s_saved`` when some of the fixes are modelled."""
 
 
 class CalcLine(msgspec.Struct):

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from gpuidle.model import Gain, RankReport, Recommendation, Source, duration
+from gpuidle.model import Combined, Gain, RankReport, Recommendation, Source, duration
 from gpuidle.report.text import printable
 
 T = TypeVar("T")
@@ -78,24 +78,56 @@ def utilization_falls(g: Gain) -> bool:
         and g.utilization_after < g.utilization_before
 
 
+def ms_range(low: float, high: float) -> str:
+    """``18.0–41.0 ms``: one unit when both ends share it, a point when they are equal."""
+    a, b = ms(low), ms(high)
+    if a == b:
+        return a
+    (va, ua), (vb, ub) = a.rsplit(" ", 1), b.rsplit(" ", 1)
+    return f"{va}–{vb} {ua}" if ua == ub else f"{a} – {b}"
+
+
+def saved_text(g: Gain) -> str:
+    """``35.50 ms, measured`` or ``18.0–41.0 ms, modelled``: a point where measured, a range where assumed."""
+    if g.step_s_saved is None:
+        return "not estimable"
+    if g.basis == "modelled" and g.step_s_saved_low is not None and g.step_s_saved_high is not None:
+        return f"{ms_range(g.step_s_saved_low, g.step_s_saved_high)}/step, modelled"
+    return f"{ms(g.step_s_saved)}/step, measured"
+
+
 def gain_text(rec: Recommendation) -> str:
     """The gain in words: step time first, utilization after with its reason when it falls."""
     g = rec.gain
     if g.step_s_saved is None:
         return f"gain not estimable: {g.reason}" if g.reason else "gain not estimable"
+    assumed = f"; assumes {g.assumption}" if g.basis == "modelled" and g.assumption else ""
     if rec.alternative_to is not None:
-        return f"alternative to {rec.alternative_to}: the same idle, saves {ms(g.step_s_saved)}/step on its own"
+        return f"alternative to {rec.alternative_to}: the same idle, saves {saved_text(g)} on its own{assumed}"
     if g.after is not None and g.step_s_saved_after is not None:
-        return f"saves {ms(g.step_s_saved)}/step now; {g.reason}: saves {ms(g.step_s_saved_after)}/step after it"
-    text = f"saves {ms(g.step_s_saved)}/step"
+        return (f"saves {ms(g.step_s_saved)}/step now; {g.reason}: saves {ms(g.step_s_saved_after)}/step "
+                f"after it{assumed}")
+    text = f"saves {saved_text(g)}"
     if g.step_s_before is not None and g.step_s_after is not None:
-        text += f" ({ms(g.step_s_before)} → {ms(g.step_s_after)}/step"
+        mid = " at the middle" if g.basis == "modelled" else ""
+        text += f" ({ms(g.step_s_before)} → {ms(g.step_s_after)}/step{mid}"
         text += f", ×{g.speedup:.2f} samples/s)" if g.speedup is not None else ")"
     if g.utilization_after is not None:
         text += f" → utilization {pct(g.utilization_after)}"
         if utilization_falls(g) and g.reason:
             text += f" ({g.reason})"
-    return text
+    if g.scope == "rank" and g.reason and not utilization_falls(g):
+        text += f"; {g.reason}"
+    return text + assumed
+
+
+def combined_saved(c: Combined) -> str:
+    """The combined saving, a range when some of its fixes are modelled."""
+    low = c.step_s_saved if c.step_s_saved_low is None else c.step_s_saved_low
+    high = c.step_s_saved if c.step_s_saved_high is None else c.step_s_saved_high
+    if low == high:
+        return ms(c.step_s_saved)
+    return f"{ms(c.step_s_saved)}, {ms_range(low, high)} with the modelled ranges"
 
 
 def shown_recommendations(recs: list[Recommendation], top: int) -> list[Recommendation]:

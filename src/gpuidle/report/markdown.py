@@ -7,6 +7,7 @@ from gpuidle.report.common import (
     DEFAULT_OPTIONS,
     TARGET_UTILIZATION,
     RenderOptions,
+    combined_saved,
     excluded_lines,
     gain_text,
     ms,
@@ -65,7 +66,8 @@ class MarkdownRenderer:
         both = report.combined
         if both is not None and both.fixes:
             lines += [f"All {len(both.fixes)} fixes together: {ms(both.step_s_before)} → {ms(both.step_s_after)}"
-                      f"/step, utilization {pct(both.utilization_after)}; then {both.limit}.", ""]
+                      f"/step (saves {combined_saved(both)}), utilization {pct(both.utilization_after)}; "
+                      f"then {both.limit}.", ""]
         if not report.recommendations:
             lines.append("No idle cause above its threshold.")
         return "\n".join(lines) + "\n"

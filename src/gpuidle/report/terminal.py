@@ -25,6 +25,7 @@ from gpuidle.report.common import (
     MANY_STEPS,
     TARGET_UTILIZATION,
     RenderOptions,
+    combined_saved,
     excluded_lines,
     gain_text,
     ms,
@@ -138,7 +139,7 @@ def _recommendation(i: int | None, rec: Recommendation) -> RenderableType:
 
 def _combined(c: Combined) -> Text:
     return Text(f"all {len(c.fixes)} fixes together: {ms(c.step_s_before)} → {ms(c.step_s_after)}/step "
-                f"(saves {ms(c.step_s_saved)}), utilization {pct(c.utilization_after)}; then {c.limit}",
+                f"(saves {combined_saved(c)}), utilization {pct(c.utilization_after)}; then {c.limit}",
                 style="bold")
 
 
