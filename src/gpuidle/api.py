@@ -56,9 +56,26 @@ if TYPE_CHECKING:
     from gpuidle.analysis import compare as comparison
 
 __all__ = [
-    "TRACE_SUFFIXES", "analysis_inputs", "analyze", "analyze_series", "analyze_tracker",
-    "annotate_trace", "compare_runs", "describe_inputs", "find_trace_files", "idle_timeline", "input_size",
-    "load_run", "read_timelines", "record_analysis", "summarize_log", "timeline_for", "utilization_facts",
+    "TRACE_SUFFIXES",
+    "Input",
+    "Inputs",
+    "analysis_inputs",
+    "analyze",
+    "analyze_series",
+    "analyze_tracker",
+    "annotate_trace",
+    "as_inputs",
+    "compare_runs",
+    "describe_inputs",
+    "find_trace_files",
+    "idle_timeline",
+    "input_size",
+    "load_run",
+    "read_timelines",
+    "record_analysis",
+    "summarize_log",
+    "timeline_for",
+    "utilization_facts",
     "with_cost",
 ]
 
@@ -67,6 +84,18 @@ __all__ = [
 
 Progress = Callable[[str, int, int], None]
 """``(what, done, total)``: bytes of one file, or files of a job."""
+
+Input = str | os.PathLike[str]
+"""One input: a local path (file or folder) or a URL (``s3://bucket/job/``)."""
+Inputs = Input | Sequence[Input]
+"""One input, or several (the ranks of a job)."""
+
+
+def as_inputs(paths: Inputs) -> list[str]:
+    """A list of inputs from one or many: a single string is one input, never its characters."""
+    if isinstance(paths, str | os.PathLike):
+        return [os.fspath(paths)]
+    return [os.fspath(p) for p in paths]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +123,7 @@ def _analyze_file(path: str) -> list[_Outcome]:
 
 
 def analyze(
-    paths: Sequence[str | Path],
+    paths: Inputs,
     workers: int | None = None,
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
@@ -110,6 +139,7 @@ def analyze(
     be read is skipped with a warning when others remain; alone, it raises. A folder the
     in-process tracker wrote (``gpuidle.torch.StepTracker``) is read as such.
     """
+    paths = as_inputs(paths)
     if any(not inputs.is_url(p) and tracker.is_tracker_path(p) for p in paths):
         return analyze_tracker(paths, warn, include_warmup)
     files = [f for p in paths for f in find_trace_files(p)]
@@ -221,13 +251,14 @@ def _dedupe_ranks(
 # ----------------------------------------------------------------------------------
 
 
-def analyze_tracker(paths: Sequence[str | Path], warn: Callable[[str], None] | None = None,
+def analyze_tracker(paths: Inputs, warn: Callable[[str], None] | None = None,
                     include_warmup: bool = False) -> AnalysisReport:
     """Folders (or rank logs) written by ``gpuidle.torch.StepTracker``: the same report as for traces.
 
     Every rank's log present: the report is derived from them. Some missing (written on
     another node) and rank 0's summary here: the summary, which covers every rank.
     """
+    paths = as_inputs(paths)
     others = [str(p) for p in paths if not tracker.is_tracker_path(p)]
     if others:
         raise GpuidleError(f"{others[0]}: not tracker output, given with a tracker folder",
@@ -377,11 +408,12 @@ def analysis_inputs(report: AnalysisReport) -> list[str]:
     return files
 
 
-def describe_inputs(paths: Sequence[str | Path]) -> list[ledger.InputFile]:
+def describe_inputs(paths: Inputs) -> list[ledger.InputFile]:
     """What the ledger keeps of each input: a local file's path, size and SHA-256; a URL's address
     (credentials removed), size and ETag, from its metadata (the object is not read again)."""
     from gpuidle import ledger
 
+    paths = as_inputs(paths)
     described: list[ledger.InputFile] = []
     for p in paths:
         if not inputs.is_url(p):

@@ -256,12 +256,9 @@ def _chain(merged: list[Proposal], model: Model) -> tuple[list[Recommendation], 
     t0, u0 = model.step_s(), model.utilization()
     alone = {p.rec.id: _saved(model, [], p) for p in merged}
 
-    def rank_key(saved: tuple[float, float, float] | None, p: Proposal) -> tuple[float, int, float, str]:
-        return _rank_key(saved, p, t0)
-
     primaries: list[Proposal] = []
     alternatives: dict[str, list[Proposal]] = {}
-    for p in sorted(merged, key=lambda p: rank_key(alone[p.rec.id], p)):
+    for p in ranked(merged, alone, t0):
         claim = _pools(p)
         owner = next((q for q in primaries if claim & _pools(q)), None) if _estimable(p) else None
         if owner is None:
@@ -274,7 +271,7 @@ def _chain(merged: list[Proposal], model: Model) -> tuple[list[Recommendation], 
     todo = [p for p in primaries if _estimable(p)]
     while todo:
         marg = {p.rec.id: _saved(model, applied, p) for p in todo}
-        best = min(todo, key=lambda p: rank_key(marg[p.rec.id], p))
+        best = _best(todo, marg, t0)
         _set_gain(best, model, t0, u0, alone[best.rec.id], marg[best.rec.id], [q for q, _ in applied])
         applied.append((best, "nominal"))
         order.append(best)
@@ -295,11 +292,29 @@ def _chain(merged: list[Proposal], model: Model) -> tuple[list[Recommendation], 
     return out, _combined(model, [p for p, _ in applied], t0)
 
 
-def _rank_key(saved: tuple[float, float, float] | None, p: Proposal, step_s: float) -> tuple[float, int, float, str]:
-    """Larger low end first (equal within :data:`TIE_SHARE` of the step), then confidence, then the nominal."""
-    low, mid, _ = saved or (0.0, 0.0, 0.0)
-    quantum = TIE_SHARE * step_s if step_s > 0 else 1e-9
-    return (-round(low / quantum), _CONFIDENCE.get(p.rec.confidence, 3), -mid, p.rec.id)
+def _best(candidates: Sequence[Proposal], saved: dict[str, tuple[float, float, float] | None],
+          step_s: float) -> Proposal:
+    """The fix to rank next: of those whose low end is within :data:`TIE_SHARE` of the step of the largest,
+    the most confident, then the largest nominal; the estimable before the rest."""
+    def low(p: Proposal) -> float:
+        s = saved.get(p.rec.id)
+        return s[0] if s is not None else -1.0
+
+    top = max(low(p) for p in candidates)
+    near = [p for p in candidates if low(p) >= top - TIE_SHARE * step_s]
+    return min(near, key=lambda p: (_CONFIDENCE.get(p.rec.confidence, 3),
+                                    -(saved.get(p.rec.id) or (0.0, 0.0, 0.0))[1], p.rec.id))
+
+
+def ranked(proposals: Sequence[Proposal], saved: dict[str, tuple[float, float, float] | None],
+           step_s: float) -> list[Proposal]:
+    """``proposals`` in rank order, each chosen by :func:`_best` among those left."""
+    left, out = list(proposals), []
+    while left:
+        best = _best(left, saved, step_s)
+        out.append(best)
+        left.remove(best)
+    return out
 
 
 def _saved(model: Model, applied: Applied, p: Proposal) -> tuple[float, float, float] | None:
@@ -328,12 +343,14 @@ def _per_rank(proposals: Sequence[Proposal], reports: Sequence[RankReport], incl
               problem: str) -> list[Recommendation]:
     """Each fix on its own rank's step alone: the figures that stay true when the job's cannot be given."""
     states = {r.rank: rank_state(r, include_all) for r in reports if r.steps}
-    scored: list[tuple[tuple[float, int, float, str], Recommendation]] = []
+    saved_by: dict[str, tuple[float, float, float] | None] = {}
+    done: list[Proposal] = []
     for p in merge(proposals):
         ranks = [r for r in p.effects if r in states]
         if not _estimable(p) or not ranks:
             _not_estimable(p, None, None, None if ranks else f"no job-level figure: {problem}")
-            scored.append(((1.0, 9, 0.0, p.rec.id), p.rec))
+            saved_by[p.rec.id] = None
+            done.append(p)
             continue
         best = max(ranks, key=lambda r: (_saved(Model({r: states[r]}), [], p) or (0.0, 0.0, 0.0))[1])
         model = Model({best: states[best]})
@@ -341,8 +358,10 @@ def _per_rank(proposals: Sequence[Proposal], reports: Sequence[RankReport], incl
         _set_gain(p, model, model.step_s(), model.utilization(), saved, None, [])
         p.rec.gain.scope = "rank"
         p.rec.gain.reason = p.rec.gain.reason or f"rank {best}'s own step; no job-level figure: {problem}"
-        scored.append((_rank_key(saved, p, model.step_s()), p.rec))
-    return [rec for _, rec in sorted(scored, key=lambda kr: kr[0])]
+        saved_by[p.rec.id] = saved
+        done.append(p)
+    step = max((s.step_s for s in states.values()), default=0.0)
+    return [p.rec for p in ranked(done, saved_by, step)]
 
 
 def _not_estimable(p: Proposal, t0: float | None, u0: float | None, why: str | None = None) -> None:

@@ -28,7 +28,9 @@ COMMANDS = {"analyze": "analyze", "history": "history", "compare": "history", "b
 
 def build_parser(command: str | None = None) -> Parser:
     """The parser for ``command`` alone, or for every subcommand (``--help``, a typo)."""
-    parser = Parser(prog="gpuidle", description="Find out why your GPUs are idle, and what to change first.")
+    parser = Parser(prog="gpuidle", description="Find out why your GPUs are idle, and what to change first. "
+                    "Reads PyTorch profiler traces, JAX/TensorFlow XSpace profiles, Nsight Systems SQLite exports, "
+                    "step-tracker folders (analyze) and nvidia-smi/DCGM logs (summarize).")
     parser.add_argument("--version", action="version", version=f"gpuidle {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     modules = [COMMANDS[command]] if command in COMMANDS else MODULES

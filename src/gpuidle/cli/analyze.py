@@ -34,10 +34,13 @@ PROGRESS_MIN_BYTES = 50 << 20
 
 
 def register(sub: argparse._SubParsersAction[Parser]) -> None:
-    an = sub.add_parser("analyze", help="explain where GPU time goes in PyTorch profiler traces",
-                        description="Analyse one profiler trace (.json/.json.gz) or a folder of per-rank traces.")
+    an = sub.add_parser("analyze", help="explain where GPU time goes: profiler traces and profiles, tracker runs",
+                        description="Analyse one input or a job's per-rank inputs: PyTorch profiler traces "
+                                    "(.json/.json.gz), JAX/TensorFlow XSpace profiles (.xplane.pb), Nsight Systems "
+                                    "SQLite exports (.sqlite) or step-tracker folders (gpuidle.torch.StepTracker). "
+                                    "nvidia-smi/DCGM utilization logs: gpuidle summarize LOG.")
     an.add_argument("paths", nargs="+", metavar="PATH",
-                    help="a trace file, or a folder with one trace per rank; local, or a URL (s3://bucket/job/, "
+                    help="a file, or a folder with one file per rank; local, or a URL (s3://bucket/job/, "
                          "gs://, https://, any fsspec protocol installed)")
     an.add_argument("--json", action="store_true", help="print the JSON report (same as --format json)")
     an.add_argument("--format", choices=sorted(REPORT_FORMATS),
