@@ -114,7 +114,9 @@ def test_exposed_communication(jobs: dict[str, AnalysisReport]) -> None:
     top = heads(report)[0]
     assert top.id == "comm_compression"
     g = top.gain
-    assert g.basis == "modelled" and g.step_s_saved_low is not None and g.step_s_saved_high is not None
+    assert g.basis == "modelled"
+    assert g.step_s_saved_low is not None
+    assert g.step_s_saved_high is not None
     assert g.step_s_saved_low < g.step_s_saved < g.step_s_saved_high
     # compression halves the bytes on the wire: the job rerun with half the gradient bytes is its after-state,
     # and must fall in the predicted range (15 % either side)
@@ -130,7 +132,8 @@ def test_every_gain_is_a_range_around_its_nominal(jobs: dict[str, AnalysisReport
             g = rec.gain
             if g.step_s_saved is None:
                 continue
-            assert g.step_s_saved_low is not None and g.step_s_saved_high is not None
+            assert g.step_s_saved_low is not None
+            assert g.step_s_saved_high is not None
             assert g.step_s_saved_low <= g.step_s_saved <= g.step_s_saved_high
             if g.basis == "measured":
                 assert g.step_s_saved_low == g.step_s_saved == g.step_s_saved_high

@@ -256,16 +256,7 @@ def _chain(merged: list[Proposal], model: Model) -> tuple[list[Recommendation], 
     t0, u0 = model.step_s(), model.utilization()
     alone = {p.rec.id: _saved(model, [], p) for p in merged}
 
-    primaries: list[Proposal] = []
-    alternatives: dict[str, list[Proposal]] = {}
-    for p in ranked(merged, alone, t0):
-        claim = _pools(p)
-        owner = next((q for q in primaries if claim & _pools(q)), None) if _estimable(p) else None
-        if owner is None:
-            primaries.append(p)
-        else:
-            alternatives.setdefault(owner.rec.id, []).append(p)
-
+    primaries, alternatives = _group(merged, alone, t0)
     applied: list[tuple[Proposal, Bound]] = []
     order: list[Proposal] = []
     todo = [p for p in primaries if _estimable(p)]
@@ -280,16 +271,39 @@ def _chain(merged: list[Proposal], model: Model) -> tuple[list[Recommendation], 
         if not _estimable(p):
             _not_estimable(p, t0, u0)
             order.append(p)
+    for alts in alternatives.values():
+        for a in alts:
+            _set_gain(a, model, t0, u0, alone[a.rec.id], None, [])
+    out = _with_alternatives(order, alternatives)
+    if not model.ranks:
+        return out, None
+    return out, _combined(model, [p for p, _ in applied], t0)
+
+
+def _group(proposals: Sequence[Proposal], saved: dict[str, tuple[float, float, float] | None],
+           step_s: float) -> tuple[list[Proposal], dict[str, list[Proposal]]]:
+    """The fixes that carry their pools' gain, in rank order, and per fix the alternatives claiming its pools."""
+    primaries: list[Proposal] = []
+    alternatives: dict[str, list[Proposal]] = {}
+    for p in ranked(proposals, saved, step_s):
+        claim = _pools(p)
+        owner = next((q for q in primaries if claim & _pools(q)), None) if _estimable(p) else None
+        if owner is None:
+            primaries.append(p)
+        else:
+            alternatives.setdefault(owner.rec.id, []).append(p)
+    return primaries, alternatives
+
+
+def _with_alternatives(order: Sequence[Proposal], alternatives: dict[str, list[Proposal]]) -> list[Recommendation]:
+    """The recommendations in ``order``, each followed by its alternatives."""
     out: list[Recommendation] = []
     for p in order:
         out.append(p.rec)
         for a in alternatives.get(p.rec.id, []):
-            _set_gain(a, model, t0, u0, alone[a.rec.id], None, [])
             a.rec.alternative_to = p.rec.id
             out.append(a.rec)
-    if not model.ranks:
-        return out, None
-    return out, _combined(model, [p for p, _ in applied], t0)
+    return out
 
 
 def _best(candidates: Sequence[Proposal], saved: dict[str, tuple[float, float, float] | None],
@@ -344,24 +358,21 @@ def _per_rank(proposals: Sequence[Proposal], reports: Sequence[RankReport], incl
     """Each fix on its own rank's step alone: the figures that stay true when the job's cannot be given."""
     states = {r.rank: rank_state(r, include_all) for r in reports if r.steps}
     saved_by: dict[str, tuple[float, float, float] | None] = {}
-    done: list[Proposal] = []
-    for p in merge(proposals):
+    merged = merge(proposals)
+    for p in merged:
         ranks = [r for r in p.effects if r in states]
         if not _estimable(p) or not ranks:
             _not_estimable(p, None, None, None if ranks else f"no job-level figure: {problem}")
             saved_by[p.rec.id] = None
-            done.append(p)
-            continue
-        best = max(ranks, key=lambda r: (_saved(Model({r: states[r]}), [], p) or (0.0, 0.0, 0.0))[1])
-        model = Model({best: states[best]})
-        saved = _saved(model, [], p)
-        _set_gain(p, model, model.step_s(), model.utilization(), saved, None, [])
+        else:
+            best = max(ranks, key=lambda r: (_saved(Model({r: states[r]}), [], p) or (0.0, 0.0, 0.0))[1])
+            model = Model({best: states[best]})
+            saved_by[p.rec.id] = _saved(model, [], p)
+            _set_gain(p, model, model.step_s(), model.utilization(), saved_by[p.rec.id], None, [])
+            p.rec.gain.reason = p.rec.gain.reason or f"rank {best}'s own step; no job-level figure: {problem}"
         p.rec.gain.scope = "rank"
-        p.rec.gain.reason = p.rec.gain.reason or f"rank {best}'s own step; no job-level figure: {problem}"
-        saved_by[p.rec.id] = saved
-        done.append(p)
     step = max((s.step_s for s in states.values()), default=0.0)
-    return [p.rec for p in ranked(done, saved_by, step)]
+    return _with_alternatives(*_group(merged, saved_by, step))
 
 
 def _not_estimable(p: Proposal, t0: float | None, u0: float | None, why: str | None = None) -> None:
