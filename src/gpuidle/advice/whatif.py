@@ -108,18 +108,20 @@ def rank_state(r: RankReport, include_all: bool = False) -> RankState:
 
 
 def excess(mine: RankState, peers: Sequence[RankState]) -> Effect:
-    """A rank's parts above its peers' median of the same part: busy time and each idle cause but the wait."""
+    """A rank's parts above its peers' median of the same part: busy time and each idle cause but the wait,
+    each only where it stands above :data:`TIE_SHARE` of the rank's step."""
     if not peers:
         return Effect()
+    noise = TIE_SHARE * mine.step_s  # a part that differs by less is run-to-run noise, and claims no pool
     busy = mine.busy_s - float(np.median([p.busy_s for p in peers]))
     idle = {}
     for cause, sec in mine.idle.items():
         if cause == Cause.STRAGGLER_WAIT.value:
             continue
         over = sec - float(np.median([p.idle.get(cause, 0.0) for p in peers]))
-        if over > 0:
+        if over > noise:
             idle[cause] = over
-    return Effect(idle=idle, busy=max(busy, 0.0))
+    return Effect(idle=idle, busy=busy if busy > noise else 0.0)
 
 
 @dataclass(slots=True)

@@ -72,10 +72,14 @@ def step_rows(r: RankReport) -> list[tuple[str, str, str, str, str]]:
 DEFAULT_OPTIONS = RenderOptions()
 
 
+UTILIZATION_TOLERANCE = 1e-9
+"""Two utilizations computed by different sums of the same seconds differ by rounding, not by a fall."""
+
+
 def utilization_falls(g: Gain) -> bool:
     """A fix that shortens the step but leaves the idle: utilization after is lower, not a gain."""
     return g.utilization_after is not None and g.utilization_before is not None \
-        and g.utilization_after < g.utilization_before
+        and g.utilization_after < g.utilization_before - UTILIZATION_TOLERANCE
 
 
 def ms_range(low: float, high: float) -> str:
