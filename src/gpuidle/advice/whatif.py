@@ -35,7 +35,9 @@ class Effect:
 
     ``idle``: cause -> seconds; ``busy``: compute time; ``own_to``: bring the rank's own step
     time down to this (a straggler fixed to its peers' level); ``pools``: further pools it
-    claims. ``reason`` set: the gain cannot be estimated, and says why.
+    claims. ``reason`` set: the gain cannot be estimated, and says why. ``part``: the part of its
+    causes' idle it draws on (a collective's role); fixes on different parts of one cause are not
+    alternatives to each other, though they still share that cause's idle.
     """
 
     idle: dict[str, float] = field(default_factory=dict)
@@ -43,6 +45,7 @@ class Effect:
     own_to: float | None = None
     pools: tuple[str, ...] = ()
     reason: str | None = None
+    part: str | None = None
 
 
 @dataclass(slots=True)
@@ -132,7 +135,7 @@ class Model:
 def _pools(p: Proposal) -> set[tuple[int, str]]:
     out = set()
     for r, e in p.effects.items():
-        out |= {(r, c) for c, sec in e.idle.items() if sec > 0}
+        out |= {(r, c if e.part is None else f"{c}:{e.part}") for c, sec in e.idle.items() if sec > 0}
         out |= {(r, c) for c in e.pools}
     return out
 

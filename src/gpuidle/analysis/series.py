@@ -177,14 +177,29 @@ def _comm(s: StepSeries) -> CommReport:
     if buckets:
         label = size_bucket(nbytes // buckets)
         histogram[label] = buckets
+        style = hook_parallelism(s.comm_hook)
         collectives.append(CollectiveStat(
-            collective="all_reduce" if s.comm_hook in (None, "allreduce_hook") else s.comm_hook,
-            process_group="ddp", size_bucket=label, count=buckets, total_s=_s(comm), bytes=nbytes,
+            collective=(("all_reduce" if s.comm_hook in (None, "allreduce_hook") else s.comm_hook)
+                        if style == "ddp" else "all_gather+reduce_scatter"),
+            process_group=style, size_bucket=label, count=buckets, total_s=_s(comm), bytes=nbytes,
             algbw_gbps=None, busbw_gbps=None,
         ))
     return CommReport(comm_s=_s(comm), exposed_s=_s(exposed), overlap_ratio=1 - exposed / comm if comm else None,
                       collectives=collectives, per_step_count=buckets / len(s) if len(s) else 0.0,
-                      size_histogram=histogram)
+                      size_histogram=histogram, parallelism=hook_parallelism(s.comm_hook))
+
+
+SHARDED_HOOKS = {"fully_shard": "fsdp2"}
+"""The tracker's ``comm_hook`` for sharded jobs (``live/tracker/fsdp.py``; DeepSpeed's is the style itself)."""
+
+
+def hook_parallelism(hook: str | None) -> str:
+    """The data-parallel style a tracker log's ``comm_hook`` names: a DDP comm hook's name means DDP."""
+    if hook is None:
+        return "unknown"
+    if hook.startswith("deepspeed"):
+        return hook
+    return SHARDED_HOOKS.get(hook, "ddp")
 
 
 def _notes(full: StepSeries, s: StepSeries) -> list[str]:
@@ -208,7 +223,8 @@ def _notes(full: StepSeries, s: StepSeries) -> list[str]:
     if len(s) < len(full):
         notes.append(f"{len(full) - len(s)} profiled step(s) left out: the profiler's cost inflates them")
     if full.world_size > 1 and full.comm_hook is None and not full.buckets.any():
-        notes.append("communication not timed (no DDP comm hook from tracker.watch_ddp): waiting for other ranks "
+        notes.append("communication not timed (no DDP, FSDP2 or DeepSpeed model given to the tracker): waiting for "
+                     "other ranks "
                      "counts as compute here, and stragglers cannot be told")
     return notes
 

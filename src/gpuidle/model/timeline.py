@@ -19,10 +19,11 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 4
+SCHEMA_MINOR = 5
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
 ``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
-3: ``source.framework``; 4: ``ranks[].backend``)."""
+3: ``source.framework``; 4: ``ranks[].backend``;
+5: ``communication.parallelism`` and ``communication.roles``, in ranks and job)."""
 
 
 class Cause(enum.StrEnum):
