@@ -291,6 +291,13 @@ def _parts(s: StepSeries) -> dict[str, tuple[str, I64]]:
     parts: dict[str, tuple[str, I64]] = {"data wait": (Cause.DATA_LOADING.value, s.data)}
     if s.copy_phase in s.phases:
         parts[f"{s.copy_phase} copy (host)"] = (Cause.MEMCPY.value, s.copy())
+    if hook_parallelism(s.comm_hook) not in ("ddp", "unknown"):
+        # sharded: the waits for parameter all-gathers fall in forward and backward alike
+        own = s.compute() - s.comm_exposed
+        where = "on the device" if s.device_timed else "host-timed"
+        parts[f"{', '.join(s.compute_phases)} ({where}) less the waits for communication"] = \
+            ("compute", np.clip(own, 0, None))
+        return _rest(s, parts)
     waits_in = "backward" if "backward" in s.compute_phases else None  # where DDP waits for the all-reduce
     for p in s.compute_phases:
         if s.device_timed and p in s.device_phases:
@@ -302,6 +309,10 @@ def _parts(s: StepSeries) -> dict[str, tuple[str, I64]]:
         if p == waits_in:
             label, ns = f"{label} before its last bucket", np.clip(ns - s.comm_exposed, 0, None)
         parts[label] = ("compute", ns)
+    return _rest(s, parts)
+
+
+def _rest(s: StepSeries, parts: dict[str, tuple[str, I64]]) -> dict[str, tuple[str, I64]]:
     named = sum((v for k, v in s.phases.items() if k != TRACKER_OTHER), np.zeros(len(s), dtype=np.int64))
     rest = np.clip(s.dur - s.data - named, 0, None)  # the "other" phases and the loop between phases
     parts["host work outside the named phases"] = (Cause.CPU_COMPUTE.value, rest)
