@@ -150,7 +150,8 @@ def setup(args: argparse.Namespace) -> Workload:
 
         fully_shard(model.first)
         fully_shard(model.rest)
-        wrapped = fully_shard(model)
+        fully_shard(model)
+        wrapped = model
     else:
         wrapped = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
                                                       bucket_cap_mb=args.bucket_mb)

@@ -120,7 +120,7 @@ class CommRole(msgspec.Struct):
     count: int
     comm_s: float
     exposed_s: float
-    """Idle charged to communication while these collectives ran (where two overlap, the earlier one's)."""
+    """Their time with no compute beside it (where two collectives overlap, the earlier one's)."""
     bytes: int
     """Sum of message bytes where known."""
 
