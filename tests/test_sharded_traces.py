@@ -209,3 +209,21 @@ def test_the_real_fsdp2_profile_has_the_names_recognised() -> None:
                                                                        if any(n.startswith(m) for n in names)}
     assert any(n.startswith(FORWARD_MARKS) for n in names)
     assert {"c10d::_allgather_base_", "c10d::_reduce_scatter_base_", "gloo:all_gather"} <= names
+
+
+def test_the_fixes_name_the_installed_fsdp2_api() -> None:
+    """Every FSDP2 call the fixes write exists in the installed torch, with those parameters."""
+    import inspect
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    from gpuidle.advice import sharded
+
+    assert {"set_modules_to_forward_prefetch", "set_modules_to_backward_prefetch"} <= set(dir(FSDPModule))
+    assert {"mesh", "reshard_after_forward", "mp_policy"} <= set(inspect.signature(fully_shard).parameters)
+    assert {"param_dtype", "reduce_dtype"} <= set(inspect.signature(MixedPrecisionPolicy).parameters)
+    assert "mesh_dim_names" in inspect.signature(init_device_mesh).parameters
+    for text in (sharded.FORWARD_PREFETCH, sharded.BACKWARD_PREFETCH, sharded.RESHARD, sharded.MIXED, sharded.HSDP,
+                 sharded.UNITS):
+        compile(text, "fix", "exec")

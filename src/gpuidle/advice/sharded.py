@@ -72,9 +72,11 @@ BACKWARD_PREFETCH = (
 )
 RESHARD = (
     "from torch.distributed.fsdp import fully_shard\n"
-    "fully_shard(model, reshard_after_forward=False)   # the root: its parameters are all-gathered once per step\n"
-    "# or keep a smaller copy for backward, gathered inside the node only (HSDP-like):\n"
-    "# fully_shard(block, mesh=mesh, reshard_after_forward=8)   # an int: reshard to groups of 8 ranks"
+    "for block in model.layers:\n"
+    "    fully_shard(block, reshard_after_forward=False)   # keep the gathered parameters until backward: more memory\n"
+    "# or reshard to a node-sized group, gathered again inside the node only (an int dividing the mesh size):\n"
+    "#   fully_shard(block, mesh=mesh, reshard_after_forward=8)\n"
+    "fully_shard(model)   # the root keeps its parameters by default (reshard_after_forward=None: False for the root)"
 )
 MIXED = (
     "import torch\n"
@@ -135,7 +137,7 @@ def fsdp2(x: RuleInput) -> list[Proposal]:
             BACKWARD_PREFETCH, _effect(bwd, BWD), confidence="medium"))
         out.append(x.rec(
             "fsdp_reshard_after_forward", Cause.COMMUNICATION,
-            "Keep parameters gathered from forward to backward (reshard_after_forward): no all-gather in backward",
+            "Keep parameters gathered from forward to backward (reshard_after_forward=False or an int)",
             {**r.evidence(BWD), "assumption": "the backward all-gathers are not issued at all; "
                                               "the unsharded parameters stay in memory from forward to backward"},
             RESHARD, _effect(bwd, BWD), confidence="medium"))
