@@ -73,7 +73,11 @@ def _phase(enclosing: list[str], main_thread: bool) -> str:
 
 
 def role_of(collective: str, phase: str, parallelism: str) -> str:
-    """A collective's role from its type, its phase and the job's style."""
+    """A collective's role from its type, its phase and the job's style: all-gathers and reduce-scatters
+    move parameters and gradients only in a sharded job (elsewhere: embeddings, tensor parallelism)."""
+    sharded = parallelism.startswith(("fsdp", "deepspeed"))
+    if collective in ("reduce_scatter", "all_gather") and not sharded:
+        return "other"
     if collective == "reduce_scatter":
         return "grad_reduce_scatter"
     if collective == "all_gather":
