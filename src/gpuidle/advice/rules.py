@@ -306,11 +306,13 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
 
 
 def exposed_communication(x: RuleInput) -> list[Proposal]:
-    """DDP tuning when collectives run with no compute beside them."""
+    """DDP tuning when collectives run with no compute beside them (sharded jobs: ``advice.sharded``)."""
     comm = x.report.communication
     if x.share(Cause.COMMUNICATION) < MIN_SHARE:
         return []
     out: list[Proposal] = []
+    if comm.parallelism != "ddp":
+        return _transport(x, out)
     reduces = [c for c in comm.collectives if c.collective == "all_reduce"]
     count = x.per_window_step(sum(c.count for c in reduces))
     nbytes = x.per_window_step(sum(c.bytes for c in reduces))
@@ -367,6 +369,24 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
             "#   model.register_comm_hook(state, powerSGD.powerSGD_hook)",
             removes_between(0.25, 0.5, {Cause.COMMUNICATION: exposed}), confidence="medium",
         ))
+    busy = x.device.busy_s
+    if x.report.communication.comm_s >= busy > 0:
+        out.append(x.rec(
+            "comm_bound_batch", Cause.COMMUNICATION,
+            "Communication takes as long as compute: more work per all-reduce",
+            {"comm_s": round(comm.comm_s, 6), "compute_busy_s": round(busy, 6),
+             "assumption": "k× the work per all-reduce: none to half of the exposed time per sample goes"},
+            "# raise the per-GPU batch (scale lr linearly), or accumulate k micro-batches per optimizer step\n"
+            "# under model.no_sync() so gradients are all-reduced once per k",
+            removes_between(0.0, 0.5, {Cause.COMMUNICATION: exposed}), confidence="low",
+        ))
+    return _transport(x, out)
+
+
+def _transport(x: RuleInput, out: list[Proposal]) -> list[Proposal]:
+    """Any style: large all-reduces far below a fast link's bandwidth point at NCCL's transport."""
+    exposed = x.idle(Cause.COMMUNICATION)
+    sized = [c for c in x.report.communication.collectives if c.busbw_gbps is not None and c.collective == "all_reduce"]
     large = [c for c in sized if c.count and c.bytes / c.count >= LARGE_MESSAGE
              and (c.busbw_gbps or 0.0) < LOW_BUSBW_GBPS]
     if large:
@@ -386,17 +406,6 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
             "export NCCL_IB_DISABLE=0",
             removes_between(0.0, 0.5, {Cause.COMMUNICATION: exposed}), confidence="low",
         ))
-    busy = x.device.busy_s
-    if x.report.communication.comm_s >= busy > 0:
-        out.append(x.rec(
-            "comm_bound_batch", Cause.COMMUNICATION,
-            "Communication takes as long as compute: more work per all-reduce",
-            {"comm_s": round(comm.comm_s, 6), "compute_busy_s": round(busy, 6),
-             "assumption": "k× the work per all-reduce: none to half of the exposed time per sample goes"},
-            "# raise the per-GPU batch (scale lr linearly), or accumulate k micro-batches per optimizer step\n"
-            "# under model.no_sync() so gradients are all-reduced once per k",
-            removes_between(0.0, 0.5, {Cause.COMMUNICATION: exposed}), confidence="low",
-        ))
     return out
 
 
@@ -406,11 +415,15 @@ RULES: list[Rule] = [
 ]
 
 
-def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rule] = RULES,
+def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rule] | None = None,
               include_all: bool = False) -> list[Proposal]:
-    """Every rule's proposals for one rank, on its steady-state step (all steps with ``include_all``)."""
+    """Every rule's proposals for one rank, on its steady-state step (all steps with ``include_all``);
+    by default :data:`RULES` and the sharded data-parallel rules (``advice.sharded``, built on :class:`RuleInput`)."""
+    from gpuidle.advice.sharded import SHARDED_RULES
+
     if not report.steps:
         return []
+    rules = rules if rules is not None else [*RULES, *SHARDED_RULES]
     x = RuleInput(report, report.primary(), rank_state(report, include_all),
                   len(counted(report.steps, include_all)), accumulation_repeats)
     return [p for rule in rules for p in rule(x)]

@@ -51,6 +51,8 @@ class Effect:
     ``idle``: cause -> seconds; ``busy``: compute time; ``pools``: further pools it claims.
     ``low``/``high``: the effect at the two ends of its assumption, as factors of this nominal
     one (both 1 for a measured saving). ``reason`` set: the gain cannot be estimated, and says why.
+    ``part``: the part of its causes' idle it draws on (a collective's role); fixes on different
+    parts of one cause are not alternatives to each other, though they still share that cause's idle.
     """
 
     idle: dict[str, float] = field(default_factory=dict)
@@ -59,6 +61,7 @@ class Effect:
     reason: str | None = None
     low: float = 1.0
     high: float = 1.0
+    part: str | None = None
 
     def at(self, bound: Bound) -> Effect:
         f = {"low": self.low, "nominal": 1.0, "high": self.high}[bound]
@@ -175,7 +178,7 @@ class Model:
 def _pools(p: Proposal) -> set[tuple[int, str]]:
     out = set()
     for r, e in p.effects.items():
-        out |= {(r, c) for c, sec in e.idle.items() if sec > 0}
+        out |= {(r, c if e.part is None else f"{c}:{e.part}") for c, sec in e.idle.items() if sec > 0}
         out |= {(r, c) for c in e.pools}
     return out
 

@@ -23,6 +23,7 @@ from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.model import (
     Cause,
     CollectiveStat,
+    CommRole,
     JobCommunication,
     JobReport,
     JobStep,
@@ -201,7 +202,27 @@ def job_communication(reports: list[RankReport]) -> JobCommunication:
         straggler_wait_s=sum(r.primary().idle_by_cause_s[Cause.STRAGGLER_WAIT.value] for r in reports),
         overlap_ratio=overlap / comm_s if comm_s else None,
         collectives=_merge_collectives(reports),
+        parallelism=job_parallelism(reports),
+        roles=_merge_roles(reports),
     )
+
+
+def job_parallelism(reports: list[RankReport]) -> str:
+    """The style most ranks show (a rank with no collective in its window shows none)."""
+    styles = [r.communication.parallelism for r in reports if r.communication.parallelism != "unknown"]
+    return max(sorted(set(styles)), key=styles.count) if styles else "unknown"
+
+
+def _merge_roles(reports: list[RankReport]) -> list[CommRole]:
+    out: dict[str, CommRole] = {}
+    for r in reports:
+        for c in r.communication.roles:
+            m = out.setdefault(c.role, CommRole(role=c.role, count=0, comm_s=0.0, exposed_s=0.0, bytes=0))
+            m.count += c.count
+            m.comm_s += c.comm_s
+            m.exposed_s += c.exposed_s
+            m.bytes += c.bytes
+    return sorted(out.values(), key=lambda c: (-c.exposed_s, c.role))
 
 
 def _job_steps(reports: list[RankReport], last_by_step: dict[int, dict[int, int]]) -> list[JobStep]:

@@ -177,14 +177,29 @@ def _comm(s: StepSeries) -> CommReport:
     if buckets:
         label = size_bucket(nbytes // buckets)
         histogram[label] = buckets
+        style = hook_parallelism(s.comm_hook)
         collectives.append(CollectiveStat(
-            collective="all_reduce" if s.comm_hook in (None, "allreduce_hook") else s.comm_hook,
-            process_group="ddp", size_bucket=label, count=buckets, total_s=_s(comm), bytes=nbytes,
+            collective=(("all_reduce" if s.comm_hook in (None, "allreduce_hook") else s.comm_hook)
+                        if style == "ddp" else "all_gather+reduce_scatter"),
+            process_group=style, size_bucket=label, count=buckets, total_s=_s(comm), bytes=nbytes,
             algbw_gbps=None, busbw_gbps=None,
         ))
     return CommReport(comm_s=_s(comm), exposed_s=_s(exposed), overlap_ratio=1 - exposed / comm if comm else None,
                       collectives=collectives, per_step_count=buckets / len(s) if len(s) else 0.0,
-                      size_histogram=histogram)
+                      size_histogram=histogram, parallelism=hook_parallelism(s.comm_hook))
+
+
+SHARDED_HOOKS = {"fully_shard": "fsdp2"}
+"""The tracker's ``comm_hook`` for sharded jobs (``live/tracker/fsdp.py``; DeepSpeed's is the style itself)."""
+
+
+def hook_parallelism(hook: str | None) -> str:
+    """The data-parallel style a tracker log's ``comm_hook`` names: a DDP comm hook's name means DDP."""
+    if hook is None:
+        return "unknown"
+    if hook.startswith("deepspeed"):
+        return hook
+    return SHARDED_HOOKS.get(hook, "ddp")
 
 
 def _notes(full: StepSeries, s: StepSeries) -> list[str]:
@@ -208,7 +223,8 @@ def _notes(full: StepSeries, s: StepSeries) -> list[str]:
     if len(s) < len(full):
         notes.append(f"{len(full) - len(s)} profiled step(s) left out: the profiler's cost inflates them")
     if full.world_size > 1 and full.comm_hook is None and not full.buckets.any():
-        notes.append("communication not timed (no DDP comm hook from tracker.watch_ddp): waiting for other ranks "
+        notes.append("communication not timed (no DDP, FSDP2 or DeepSpeed model given to the tracker): waiting for "
+                     "other ranks "
                      "counts as compute here, and stragglers cannot be told")
     return notes
 
@@ -275,6 +291,13 @@ def _parts(s: StepSeries) -> dict[str, tuple[str, I64]]:
     parts: dict[str, tuple[str, I64]] = {"data wait": (Cause.DATA_LOADING.value, s.data)}
     if s.copy_phase in s.phases:
         parts[f"{s.copy_phase} copy (host)"] = (Cause.MEMCPY.value, s.copy())
+    if hook_parallelism(s.comm_hook) not in ("ddp", "unknown"):
+        # sharded: the waits for parameter all-gathers fall in forward and backward alike
+        own = s.compute() - s.comm_exposed
+        where = "on the device" if s.device_timed else "host-timed"
+        parts[f"{', '.join(s.compute_phases)} ({where}) less the waits for communication"] = \
+            ("compute", np.clip(own, 0, None))
+        return _rest(s, parts)
     waits_in = "backward" if "backward" in s.compute_phases else None  # where DDP waits for the all-reduce
     for p in s.compute_phases:
         if s.device_timed and p in s.device_phases:
@@ -286,6 +309,10 @@ def _parts(s: StepSeries) -> dict[str, tuple[str, I64]]:
         if p == waits_in:
             label, ns = f"{label} before its last bucket", np.clip(ns - s.comm_exposed, 0, None)
         parts[label] = ("compute", ns)
+    return _rest(s, parts)
+
+
+def _rest(s: StepSeries, parts: dict[str, tuple[str, I64]]) -> dict[str, tuple[str, I64]]:
     named = sum((v for k, v in s.phases.items() if k != TRACKER_OTHER), np.zeros(len(s), dtype=np.int64))
     rest = np.clip(s.dur - s.data - named, 0, None)  # the "other" phases and the loop between phases
     parts["host work outside the named phases"] = (Cause.CPU_COMPUTE.value, rest)

@@ -17,6 +17,7 @@ from gpuidle.analysis.kernels import kernel_facts
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.quality import quality_notes
+from gpuidle.analysis.sharded import classify, role_split
 from gpuidle.analysis.steps import steady_state, step_window
 from gpuidle.model import CAUSES, I64, Cause, DeviceReport, HostKind, RankReport, StepReport, Timeline, Window
 
@@ -44,6 +45,9 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     kernels = kernel_facts(tl, names, window)
     coll = find_collectives(tl, window, launchers)
     primary = max(idle, key=lambda d: (d.busy_ns, -d.device))
+    communication = comm_report(tl, window, idle, coll)
+    communication.parallelism, roles = classify(tl, coll, launchers)
+    communication.roles = role_split(coll, roles, idle) if roles else []
     devices = [
         DeviceReport(
             device=d.device, name=tl.meta.device_names.get(d.device),
@@ -74,7 +78,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         path=tl.meta.path, notes=notes, step_source=window.steps.source,
         window=Window(kind=window.kind, start_s=_s(window.start), dur_s=_s(window.end - window.start)),
         devices=devices, steps=steps, kernels=kernels,
-        communication=comm_report(tl, window, idle, coll),
+        communication=communication,
         world_size=tl.meta.world_size, backend=tl.meta.backend, host_events=host_events(tl, launchers),
     )
     seg_s, seg_e, cause = primary.segments

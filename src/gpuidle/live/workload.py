@@ -1,7 +1,8 @@
-"""A real DDP training job with bottlenecks to switch on, for the tracker's tests and benchmark.
+"""A real DDP or FSDP2 training job with bottlenecks to switch on, for the tracker's tests and benchmark.
 
 Run with ``torchrun --standalone --nproc_per_node=2 -m gpuidle.live.workload --out DIR``: an
-MLP under ``DistributedDataParallel`` (gloo on CPU, NCCL on GPU) trains on batches from a
+MLP under ``DistributedDataParallel`` (``--shard``: ``fully_shard`` per block and at the root, FSDP2)
+(gloo on CPU, NCCL on GPU) trains on batches from a
 map-style dataset, with the tracker around each phase. The device's compute is simulated
 by the host sleeping (``--device-ms``), so two ranks on two CPU cores keep steady timings
 and leave the cores to the communication threads. Each bottleneck is a real one:
@@ -99,7 +100,7 @@ class Mlp(nn.Module):
 @dataclass(slots=True)
 class Workload:
     model: nn.Module
-    """The DDP-wrapped model."""
+    """The DDP-wrapped or fully_shard-ed model."""
     loader: DataLoader[tuple[torch.Tensor, torch.Tensor]]
     optimizer: torch.optim.Optimizer
     device: torch.device
@@ -123,6 +124,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--straggler-ms", type=float, default=0.0)
     p.add_argument("--comm-mb", type=float, default=0.0)
     p.add_argument("--bucket-mb", type=float, default=0.25, help="DDP bucket_cap_mb")
+    p.add_argument("--shard", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
     p.add_argument("--item-sync", action="store_true")
     p.add_argument("--every", type=int, default=10, help="tracker exchange interval, steps")
     p.add_argument("--log-every", type=int, default=20)
@@ -144,14 +146,23 @@ def setup(args: argparse.Namespace) -> Workload:
         torch.cuda.set_device(device)
     torch.manual_seed(0)
     model = Mlp(args.dim, args.width, 10, args.comm_mb, args.device_ms / 1e3).to(device)
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
-                                              bucket_cap_mb=args.bucket_mb)
+    wrapped: nn.Module
+    if args.shard:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model.first)
+        fully_shard(model.rest)
+        fully_shard(model)
+        wrapped = model
+    else:
+        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
+                                                      bucket_cap_mb=args.bucket_mb)
     delay_s = args.item_delay_ms / 1e3 if args.data_rank in (-1, rank) else 0.0
     data = Batches(args.steps, args.batch, args.dim, 10, delay_s, seed=rank)
     loader: DataLoader[tuple[torch.Tensor, torch.Tensor]] = DataLoader(data, batch_size=None, shuffle=False,
                                                                         pin_memory=cuda)
     params = [p for name, p in model.named_parameters() if name != "extra"]
-    return Workload(model=ddp, loader=loader, optimizer=torch.optim.SGD(params, lr=0.01), device=device,
+    return Workload(model=wrapped, loader=loader, optimizer=torch.optim.SGD(params, lr=0.01), device=device,
                     rank=rank, straggler_s=args.straggler_ms / 1e3 if rank == args.straggler_rank else 0.0,
                     item_sync=args.item_sync)
 

@@ -23,12 +23,15 @@ from .metrics import (
     Metric,
 )
 from .report import (
+    COMM_ROLES,
     COMPARE_SCHEMA,
+    PARALLELISM,
     AnalysisReport,
     CalcLine,
     CollectiveStat,
     Combined,
     CommReport,
+    CommRole,
     Comparison,
     CostDelta,
     CostResult,
@@ -117,6 +120,7 @@ from .units import duration
 
 __all__ = [
     "CAUSES",
+    "COMM_ROLES",
     "COMPARE_SCHEMA",
     "EXPORTER_METRICS",
     "F64",
@@ -135,6 +139,7 @@ __all__ = [
     "JOB_LABELS",
     "LAST_SAMPLE",
     "MONITOR_FORMAT",
+    "PARALLELISM",
     "SCHEMA",
     "SCHEMA_MINOR",
     "SLOWDOWN_REASONS",
@@ -154,6 +159,7 @@ __all__ = [
     "CollectiveStat",
     "Combined",
     "CommReport",
+    "CommRole",
     "Comparison",
     "CopyKind",
     "CostDelta",

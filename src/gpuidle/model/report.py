@@ -102,6 +102,29 @@ class CollectiveStat(msgspec.Struct):
     busbw_gbps: float | None
 
 
+COMM_ROLES = ("param_all_gather_forward", "param_all_gather_backward", "param_all_gather_optimizer",
+              "grad_reduce_scatter", "replicate_all_reduce", "grad_all_reduce", "other")
+"""What a collective is for in data-parallel training: parameters gathered before a layer's forward or
+backward (sharded: FSDP2, ZeRO-3) or after the optimizer step (ZeRO-1/2), gradients reduce-scattered
+(sharded), the all-reduce across replicas of HSDP, the gradient all-reduce of DDP (and ZeRO-1/2 without
+partitioned gradients), anything else."""
+PARALLELISM = ("ddp", "fsdp2", "deepspeed_zero1_2", "deepspeed_zero3", "deepspeed", "unknown")
+"""The data-parallel style a trace or tracker shows: DDP, FSDP2 (``fully_shard``), DeepSpeed ZeRO stage 3,
+stage 1 or 2 (the trace cannot tell them apart), DeepSpeed with no ZeRO range seen, or none recognised."""
+
+
+class CommRole(msgspec.Struct):
+    """The collectives of one role (:data:`COMM_ROLES`) and how much of their time no compute hid."""
+
+    role: str
+    count: int
+    comm_s: float
+    exposed_s: float
+    """Their time with no compute beside it (where two collectives overlap, the earlier one's)."""
+    bytes: int
+    """Sum of message bytes where known."""
+
+
 class CommReport(msgspec.Struct):
     comm_s: float
     """Union of collective kernel time."""
@@ -114,6 +137,10 @@ class CommReport(msgspec.Struct):
     size_histogram: dict[str, int]
     overlap_ratio_with_copies: float | None = None
     """As ``overlap_ratio``, copies and sets counted as compute: ``1 - exposed / comm``."""
+    parallelism: str = "unknown"
+    """One of :data:`PARALLELISM`, from the trace's own labels (or the tracker's hook)."""
+    roles: list[CommRole] = []
+    """Communication split by role; the roles' ``exposed_s`` add up to ``exposed_s``. Empty: not split."""
 
 
 class RankReport(msgspec.Struct):
@@ -261,6 +288,10 @@ class JobCommunication(msgspec.Struct):
     straggler_wait_s: float
     overlap_ratio: float | None
     collectives: list[CollectiveStat]
+    parallelism: str = "unknown"
+    """The ranks' :attr:`CommReport.parallelism` (the most common one)."""
+    roles: list[CommRole] = []
+    """The ranks' roles summed."""
 
 
 class JobStep(msgspec.Struct):

@@ -23,7 +23,8 @@ SCHEMA_MINOR = 5
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
 ``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
 3: ``source.framework``; 4: ``ranks[].backend``; 5: gains' ``step_s_saved_low``/``_high``, ``basis``,
-``assumption`` and ``scope``, ``combined``'s range)."""
+``assumption`` and ``scope``, ``combined``'s range, ``communication.parallelism`` and ``communication.roles``,
+in ranks and job)."""
 
 
 class Cause(enum.StrEnum):

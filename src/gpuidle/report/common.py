@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from gpuidle.model import Combined, Gain, RankReport, Recommendation, Source, duration
+from gpuidle.model import Combined, CommRole, Gain, RankReport, Recommendation, Source, duration
 from gpuidle.report.text import printable
 
 T = TypeVar("T")
@@ -169,3 +169,24 @@ def _printable(x: Any) -> Any:
     if isinstance(x, dict):
         return {_printable(k): _printable(v) for k, v in x.items()}
     return x
+
+
+ROLE_TEXT = {
+    "param_all_gather_forward": "parameter all-gather before a module's forward (prefetch too late)",
+    "param_all_gather_backward": "parameter all-gather in backward",
+    "param_all_gather_optimizer": "parameter all-gather after the optimizer step",
+    "grad_reduce_scatter": "gradient reduce-scatter (exposed at the end of backward)",
+    "replicate_all_reduce": "all-reduce across replicas (HSDP)",
+    "grad_all_reduce": "gradient all-reduce",
+    "other": "other collectives",
+}
+STYLE_TEXT = {"ddp": "DDP", "fsdp2": "FSDP2 (fully_shard)", "deepspeed_zero3": "DeepSpeed ZeRO-3",
+              "deepspeed_zero1_2": "DeepSpeed ZeRO-1/2", "deepspeed": "DeepSpeed", "unknown": "not recognised"}
+
+
+def role_lines(parallelism: str, roles: list[CommRole]) -> list[str]:
+    """``data parallel: FSDP2`` and one line per role: exposed, device time, count."""
+    lines = [f"data parallel: {STYLE_TEXT.get(parallelism, parallelism)}"] if parallelism != "unknown" or roles else []
+    lines += [f"{ROLE_TEXT.get(r.role, r.role)}: {ms(r.exposed_s)} exposed of {ms(r.comm_s)}, {r.count} collectives"
+              for r in roles]
+    return lines

@@ -29,7 +29,7 @@ from gpuidle.model import (
     Recommendation,
     RunSummary,
 )
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, gain_text, ms, pct, source_label
+from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, gain_text, ms, pct, role_lines, source_label
 from gpuidle.report.compare_text import money
 from gpuidle.report.svg import (
     CAUSE_COLOR,
@@ -92,8 +92,9 @@ def _collectives_table(c: CommReport) -> str:
         f'<td class="num">{"n/a" if s.busbw_gbps is None else f"{s.busbw_gbps:.2f} GB/s"}</td></tr>'
         for s in c.collectives)
     overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
+    roles = "".join(f"<li>{esc(line)}</li>" for line in role_lines(c.parallelism, c.roles))
     return (f'<h3>Collectives</h3><p class="note">{ms(c.comm_s)} on the device, {ms(c.exposed_s)} exposed '
-            f"(no compute running), overlap with compute {overlap}</p>"
+            f"(no compute running), overlap with compute {overlap}</p>" + (f"<ul>{roles}</ul>" if roles else "") +
             '<table class="collectives"><tr><th>op</th><th>group</th><th>size</th><th class="num">count</th>'
             '<th class="num">bytes</th><th class="num">time</th><th class="num">busbw</th></tr>'
             f"{rows}</table>")
@@ -124,6 +125,7 @@ def _job_section(job: JobReport) -> str:
     c = job.communication
     items.append(f"<li>communication exposed {ms(c.exposed_s)}, waiting for stragglers {ms(c.straggler_wait_s)}, "
                  f"overlap {'n/a' if c.overlap_ratio is None else pct(c.overlap_ratio)}</li>")
+    items += [f"<li>{esc(line)}</li>" for line in role_lines(c.parallelism, c.roles)]
     items += [f'<li class="muted">{esc(n)}</li>' for n in job.notes]
     return (f'<section id="job"><h2>Job: {len(job.ranks_found)} ranks{world} · step-time skew {skew}</h2>'
             '<table><tr><th>rank</th><th class="num">step</th><th class="num">utilization</th><th>top cause</th></tr>'

@@ -13,6 +13,7 @@ from gpuidle.report.common import (
     ms,
     pct,
     printable_report,
+    role_lines,
     shown_recommendations,
     source_label,
     step_rows,
@@ -44,7 +45,8 @@ class MarkdownRenderer:
                 lines.append(f"- **straggler** rank {s.rank}: late by {ms(s.lateness_s)} in steps {s.steps}, "
                              f"score {s.score:.2f}; {s.why}")
             c = job.communication
-            lines += [f"- communication exposed {ms(c.exposed_s)}, straggler wait {ms(c.straggler_wait_s)}", ""]
+            lines += [f"- communication exposed {ms(c.exposed_s)}, straggler wait {ms(c.straggler_wait_s)}"]
+            lines += [f"- {line}" for line in role_lines(c.parallelism, c.roles)] + [""]
         for r in shown:
             lines += self._rank(r)
             lines += [f"- {x}" for x in excluded_lines(r, report.include_warmup)]
@@ -85,5 +87,8 @@ class MarkdownRenderer:
         if len(r.steps) > 1:
             out += _table(["step", "duration", "busy", "idle", "top cause"], [list(x) for x in step_rows(r)])
             out.append("")
+        c = r.communication
+        roles = role_lines(c.parallelism, c.roles)
+        out += [f"- {line}" for line in roles] + ([""] if roles else [])
         out += [f"> {n}" for n in r.notes]
         return out + ([""] if r.notes else [])

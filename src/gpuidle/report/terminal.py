@@ -32,6 +32,7 @@ from gpuidle.report.common import (
     pct,
     printable_report,
     ranges,
+    role_lines,
     shown_recommendations,
     source_label,
     step_rows,
@@ -116,6 +117,7 @@ def _job(job: JobReport) -> RenderableType:
     overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
     lines.append(Text(f"communication: exposed {ms(c.exposed_s)}, waiting for stragglers {ms(c.straggler_wait_s)}, "
                       f"overlap with compute {overlap}", style="green"))
+    lines += [Text(f"  {line}", style="green") for line in role_lines(c.parallelism, c.roles)]
     for note in job.notes:
         lines.append(Text(f"note: {note}", style="bright_black"))
     if job.missing_ranks:
@@ -205,6 +207,8 @@ class TerminalRenderer:
             overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
             console.print(Text(f"collectives: {ms(c.comm_s)} on the device, {ms(c.exposed_s)} exposed, "
                                f"overlap {overlap}", style="green"))
+            for line in role_lines(c.parallelism, c.roles):
+                console.print(Text(f"  {line}", style="green"))
         k = r.kernels
         facts = f"kernels: {k.count} ({pct(k.short_kernel_share)} of kernel time in kernels < 10 µs)"
         if k.reduced_precision_gemm_share is not None:

@@ -71,6 +71,9 @@ from .profile import NO_DEVICE_NOTE, ProfileWindow
 if TYPE_CHECKING:
     from gpuidle.model import AnalysisReport
 
+    from .fsdp import CommSink
+    from .sharded import Summary
+
 T = TypeVar("T")
 
 
@@ -78,7 +81,9 @@ class StepTracker:
     """Times the phases of every training step on this rank; aggregates across ranks.
 
     :param out_dir: folder for ``rank-<r>.jsonl`` and, from rank 0, the job summary.
-    :param model: a ``DistributedDataParallel`` model whose communication to time (see :meth:`watch_ddp`).
+    :param model: the model whose communication to time: ``DistributedDataParallel`` (see :meth:`watch_ddp`),
+        a ``fully_shard``-ed (FSDP2) model or a DeepSpeed engine (:mod:`.sharded`); any other model: one
+        line says its communication is not timed.
     :param every: steps between two exchanges of statistics across ranks.
     :param log_every: rank 0 logs a line every this many steps (None: never).
     :param phases: phase names with a column of their own; other names add to ``other``.
@@ -195,10 +200,14 @@ class StepTracker:
         self._forced = 0
         self._comm_hook: str | None = None
         self._sink = ddp.BucketSink(self)
+        self._comm_summary: Summary = ddp.summary
+        self._sharded_sink: CommSink | None = None
         self._window = ProfileWindow()
         self._closed = False
         self.report: AnalysisReport | None = None
         self._notes = notes
+        if model is not None:
+            self._watch(model)
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
@@ -218,8 +227,6 @@ class StepTracker:
         if self.rank == 0:
             # numpy loads parts of itself on first use: pay that here, not in the middle of a step
             self._log_line(np.zeros((self.world_size, 1, self._rows_layout.width + 1)))
-        if model is not None:
-            self.watch_ddp(model)
 
     # -- the loop ------------------------------------------------------------------
 
@@ -339,6 +346,19 @@ class StepTracker:
         """
         self._comm_hook = ddp.register(model, self._sink, state, hook)
 
+    def _watch(self, model: Any) -> None:
+        """DDP through its comm hook; FSDP2 and DeepSpeed through :mod:`.sharded`; else a note."""
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            self.watch_ddp(model)
+            return
+        from . import sharded  # FSDP2 and DeepSpeed: imported for the models that need them
+
+        watched = sharded.watch(self, model)
+        self._comm_hook, self._sharded_sink = watched.hook, watched.sink
+        if watched.summary is not None:
+            self._comm_summary = watched.summary
+        self._notes.extend(watched.notes)
+
     def _bucket_ready(self, buffer: torch.Tensor) -> list[Any]:
         entry = [self._comm_clock.mark(), None, buffer.numel() * buffer.element_size()]
         self._open.comm.append(entry)
@@ -350,6 +370,8 @@ class StepTracker:
     def _let_go(self) -> None:
         """After close, DDP's hook passes buckets straight through and no longer holds the tracker."""
         self._sink.tracker = None
+        if self._sharded_sink is not None:
+            self._sharded_sink.tracker = None
 
     # -- a profiled window -----------------------------------------------------------
 
@@ -402,12 +424,11 @@ class StepTracker:
             for name, a, b in work.marks:
                 row[cols.get(name, other)] += self._dev.elapsed_ns(a, b)
             self._dev.release([m for _, a, b in work.marks for m in (a, b)])
-        comm = exposed = nbytes = 0
+        comm = exposed = count = nbytes = 0
         if work.comm:
-            comm, exposed = ddp.comm_times(self._comm_clock, work.comm)
-            nbytes = sum(c[2] for c in work.comm)
+            comm, exposed, count, nbytes = self._comm_summary(self._comm_clock, work.comm)
             self._comm_clock.release([m for c in work.comm for m in c[:2] if m is not None])
-        for i, v in zip(layout.tail, (comm, exposed, len(work.comm), nbytes, work.samples, work.batches, p.profiled),
+        for i, v in zip(layout.tail, (comm, exposed, count, nbytes, work.samples, work.batches, p.profiled),
                         strict=True):
             row[i] = v
         self._rows.append(row)

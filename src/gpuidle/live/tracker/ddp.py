@@ -98,3 +98,9 @@ def comm_times(clock: DeviceClock, buckets: list[list[Any]]) -> tuple[int, int]:
             reach = b
     exposed = max(0, max(b for _, b in spans) - max(a for a, _ in spans))
     return union, exposed
+
+
+def summary(clock: DeviceClock, buckets: list[list[Any]]) -> tuple[int, int, int, int]:
+    """``(communication, exposed, buckets, bytes)`` of one step (:func:`comm_times`)."""
+    comm, exposed = comm_times(clock, buckets)
+    return comm, exposed, len(buckets), sum(int(c[2]) for c in buckets)
