@@ -92,8 +92,12 @@ def job_view(report: AnalysisReport, stats: Sequence[RankStats], series: Sequenc
         lines.extend(f"note: {n}" for n in report.job.notes if n != HOST_TIMED_NOTE)
     for rec in [r for r in report.recommendations if r.alternative_to is None and not r.gain.minor][:3]:
         g = rec.gain
-        gain = "gain not estimable" if g.step_s_saved is None or g.utilization_after is None else (
-            f"saves {g.step_s_saved * 1e3:.2f} ms/step → utilization {g.utilization_after * 100:.0f} %")
+        saved = None if g.step_s_saved is None else (
+            f"{g.step_s_saved_low * 1e3:.2f}–{g.step_s_saved_high * 1e3:.2f} ms/step, modelled"
+            if g.basis == "modelled" and g.step_s_saved_low is not None and g.step_s_saved_high is not None
+            else f"{g.step_s_saved * 1e3:.2f} ms/step, measured")
+        gain = "gain not estimable" if saved is None or g.utilization_after is None else (
+            f"saves {saved} → utilization {g.utilization_after * 100:.0f} %")
         lines.append(f"fix: {rec.title} — {gain} [{rec.cause}]")
     if not report.recommendations:
         lines.append("no idle cause above its threshold")
