@@ -125,6 +125,11 @@ def gain_text(rec: Recommendation) -> str:
     return text + assumed
 
 
+def together(c: Combined) -> str:
+    """``all 3 fixes together`` or, for one, ``the one fix``."""
+    return f"all {len(c.fixes)} fixes together" if len(c.fixes) != 1 else "the one fix"
+
+
 def combined_saved(c: Combined) -> str:
     """The combined saving, a range when some of its fixes are modelled."""
     low = c.step_s_saved if c.step_s_saved_low is None else c.step_s_saved_low

@@ -17,6 +17,7 @@ from gpuidle.report.common import (
     shown_recommendations,
     source_label,
     step_rows,
+    together,
 )
 
 
@@ -67,7 +68,7 @@ class MarkdownRenderer:
             lines += ["", "   ```python"] + [f"   {x}" for x in rec.fix.splitlines()] + ["   ```", ""]
         both = report.combined
         if both is not None and both.fixes:
-            lines += [f"All {len(both.fixes)} fixes together: {ms(both.step_s_before)} → {ms(both.step_s_after)}"
+            lines += [f"{together(both).capitalize()}: {ms(both.step_s_before)} → {ms(both.step_s_after)}"
                       f"/step (saves {combined_saved(both)}), utilization {pct(both.utilization_after)}; "
                       f"then {both.limit}.", ""]
         if not report.recommendations:

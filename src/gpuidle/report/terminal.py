@@ -36,6 +36,7 @@ from gpuidle.report.common import (
     shown_recommendations,
     source_label,
     step_rows,
+    together,
     utilization_falls,
 )
 
@@ -140,7 +141,7 @@ def _recommendation(i: int | None, rec: Recommendation) -> RenderableType:
 
 
 def _combined(c: Combined) -> Text:
-    return Text(f"all {len(c.fixes)} fixes together: {ms(c.step_s_before)} → {ms(c.step_s_after)}/step "
+    return Text(f"{together(c)}: {ms(c.step_s_before)} → {ms(c.step_s_after)}/step "
                 f"(saves {combined_saved(c)}), utilization {pct(c.utilization_after)}; then {c.limit}",
                 style="bold")
 
