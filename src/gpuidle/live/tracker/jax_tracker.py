@@ -213,6 +213,8 @@ class StepTracker(TrackerBase):
         first = True
         while True:
             t0 = clock()
+            if self._pending and not self._off:
+                self._look(t0)
             try:
                 batch = next(it)
             except StopIteration:
@@ -246,7 +248,7 @@ class StepTracker(TrackerBase):
         rec.data.append((t0, t1))
         rec.batches += 1
         rec.samples += self._samples(batch)
-        self._look(t0)
+        self._look(t1)
 
     def _synced(self, t0: int, t1: int) -> None:
         if self._off:
