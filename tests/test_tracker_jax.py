@@ -59,19 +59,22 @@ def test_a_data_delay_is_data_loading_as_the_devices_idle(runs: dict[str, tuple[
     assert s["data_loading"] > 0.4
     first = report.recommendations[0]
     assert first.cause == "data_loading"
-    assert "jax.device_put" in first.fix and "torch" not in first.fix and "num_workers" not in first.fix
+    assert "jax.device_put" in first.fix
+    assert "torch" not in first.fix
+    assert "num_workers" not in first.fix
     assert report.source.framework == "jax"
 
 
 def test_float_loss_every_step_is_host_sync(runs: dict[str, tuple[AnalysisReport, dict]]) -> None:
-    report, truth = runs["sync"]
+    report, _truth = runs["sync"]
     s = shares(report)
     assert s["data_loading"] < 0.02
     assert s["host_sync"] > 0.2
     assert s["host_sync"] == max(v for k, v in s.items() if k != "busy")
     rec = report.recommendations[0]
     assert rec.cause == "host_sync"
-    assert "float(" in rec.fix and "torch" not in rec.fix
+    assert "float(" in rec.fix
+    assert "torch" not in rec.fix
     assert report.ranks[0].kernels.syncs_per_step >= 1.0
     # the sync's exposed idle is about the host work it leaves exposed (6 ms) per step
     per_step = report.ranks[0].devices[0].idle_by_cause_s["host_sync"] / len(report.ranks[0].steps)
@@ -90,12 +93,14 @@ def test_two_processes_give_one_job_view_with_the_slow_rank_named(tmp_path: Path
         _, err = p.communicate()
         assert p.returncode == 0, err
     report = analyze_tracker([out])
-    assert report.job is not None and report.job.ranks_found == [0, 1]
+    assert report.job is not None
+    assert report.job.ranks_found == [0, 1]
     (straggler,) = report.job.stragglers
     assert straggler.rank == 1
     assert straggler.cause == "data_loading"
     fixes = " ".join(r.fix for r in report.recommendations)
-    assert "torch" not in fixes and "num_workers" not in fixes
+    assert "torch" not in fixes
+    assert "num_workers" not in fixes
 
 
 def test_overlap_of_a_gap_with_the_loops_spans() -> None:

@@ -1,5 +1,6 @@
 """The Keras callback on real TensorFlow (CPU), in one process: a tf.data map that sleeps is data loading, within
-5 points of the truth (one batch per call), with a tf.data fix first; steps_per_execution > 1 keeps the split; bad input is one line."""
+5 points of the truth (one batch per call), with a tf.data fix first; steps_per_execution > 1 keeps the split;
+bad input is one line."""
 
 from __future__ import annotations
 
@@ -75,15 +76,18 @@ def test_a_sleeping_map_is_data_loading_within_5_points(tmp_path: Path, k: int) 
     truth = 1 - compute / period  # the share of each call spent waiting: what it takes beyond its compute
     assert period > k * SLEEP_S  # the sleep is on the critical path
     report = cb.report
-    assert report is not None and report.source.framework == "tensorflow"
+    assert report is not None
+    assert report.source.framework == "tensorflow"
     d = report.ranks[0].devices[0]
     share = d.idle_by_cause_s["data_loading"] / d.window_s
     # one batch per call: measured at the batch's arrival, within 5 points; several: the equal-compute split, 8
     assert abs(share - truth) < (0.05 if k == 1 else 0.08), (share, truth)
     first = report.recommendations[0]
     assert first.cause == "data_loading"
-    assert "num_parallel_calls=tf.data.AUTOTUNE" in first.fix and ".prefetch(" in first.fix
-    assert "torch" not in first.fix and "DataLoader" not in first.fix
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in first.fix
+    assert ".prefetch(" in first.fix
+    assert "torch" not in first.fix
+    assert "DataLoader" not in first.fix
     if k > 1:
         assert any("steps_per_execution=4" in n for n in report.ranks[0].notes)
 

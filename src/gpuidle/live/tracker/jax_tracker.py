@@ -23,6 +23,7 @@ interval (5 ms) late while the loop runs pure Python; the ``is_ready()`` looks b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -270,7 +271,7 @@ class StepTracker(TrackerBase):
         if leaf is None:
             rec.seen = now
             self._host_only += 1
-        elif leaf.is_ready():  # finished before the loop got here: at the end of its last sync, if any
+        elif leaf.is_ready():  # type: ignore[attr-defined]  # finished before the loop got here: at the end of its last sync, if any
             dispatch = rec.dispatch if rec.dispatch is not None else rec.data[-1][1] if rec.data else 0
             rec.seen = max((e for a, e in rec.syncs if a >= dispatch), default=now)
         else:
@@ -289,10 +290,8 @@ class StepTracker(TrackerBase):
             rec = self._queue.get()
             if rec is None:
                 return
-            try:
+            with contextlib.suppress(Exception):  # a failed computation: the loop meets the error itself
                 rec.leaf.block_until_ready()
-            except Exception:  # a failed computation: the loop meets the error itself
-                pass
             rec.stamp = self._clock()
 
     def _look(self, now: int) -> None:

@@ -100,7 +100,7 @@ def check_keras() -> None:
                            "set KERAS_BACKEND=tensorflow (for JAX use gpuidle.jax in a custom loop)")
 
 
-class GpuidleCallback(keras.callbacks.Callback, TrackerBase):  # type: ignore[misc]
+class GpuidleCallback(keras.callbacks.Callback, TrackerBase):
     """``model.fit(callback.dataset(ds), callbacks=[callback])``: every train call's data wait and compute.
 
     :param out_dir: folder for ``rank-<r>.jsonl`` and, from rank 0, the job summary.
