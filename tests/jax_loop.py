@@ -1,6 +1,6 @@
 """A small JAX training loop under ``gpuidle.jax.StepTracker``, run as a script by the tests.
 
-    python tests/jax_loop.py OUT_DIR MODE [STEPS]     # MODE: data, sync, plain
+    python tests/jax_loop.py OUT_DIR MODE [STEPS]     # MODE: data, sync, light (a short data delay)
 Rank and world size come from GPUIDLE_RANK / GPUIDLE_WORLD_SIZE (independent processes writing
 their rank logs to one folder). Prints one JSON line: what the loop did, timed by itself.
 """
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from gpuidle.jax import StepTracker
 
 DATA_DELAY_S = 0.015
+LIGHT_DELAY_S = 0.003
 HOST_WORK_S = 0.006
 
 
@@ -51,7 +52,7 @@ def main() -> None:
     compute_s = (time.perf_counter() - t0) / 20
     tracker = StepTracker(out, rank=rank, world_size=world, every=20, ledger=False, log=lambda line: None)
     t0 = time.perf_counter()
-    for batch in tracker.loader(batches(steps, DATA_DELAY_S if mode == "data" else 0.0, x)):
+    for batch in tracker.loader(batches(steps, {"data": DATA_DELAY_S, "light": LIGHT_DELAY_S}.get(mode, 0.0), x)):
         with tracker.phase("train_step"):
             w, loss = train_step(w, batch)
         if mode == "sync":

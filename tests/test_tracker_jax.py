@@ -84,7 +84,7 @@ def test_float_loss_every_step_is_host_sync(runs: dict[str, tuple[AnalysisReport
 def test_two_processes_give_one_job_view_with_the_slow_rank_named(tmp_path: Path) -> None:
     out = tmp_path / "job"
     procs = []
-    for rank, mode in ((0, "plain"), (1, "data")):
+    for rank, mode in ((0, "light"), (1, "data")):
         env = {**os.environ, "PYTHONPATH": SRC, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": "2",
                "JAX_PLATFORMS": "cpu"}
         procs.append(subprocess.Popen([sys.executable, str(LOOP), str(out), mode, "40"], env=env,
