@@ -69,9 +69,12 @@ def test_the_straggler_is_named_with_its_gain(report: AnalysisReport) -> None:
     assert straggler.rank == 1
     assert straggler.cause == "compute"
     rec = next(r for r in report.recommendations if r.id == "straggler_rank_1")
-    # the model: job step = the slowest own step (step less straggler wait); the fix brings rank 1 to rank 0
+    # the model: job step = the slowest own step (step less straggler wait); the fix removes rank 1's excess
+    # over rank 0, part by part, so the job runs at about rank 0's own step, never faster
     own = {r.rank: float(np.mean([d - w for d, w, _ in _steady(r)])) for r in report.ranks}
-    assert rec.gain.step_s_saved == pytest.approx(max(own.values()) - own[0], rel=1e-6)
+    assert rec.gain.step_s_saved is not None
+    assert rec.gain.step_s_saved <= max(own.values()) - min(own.values()) + 1e-9
+    assert rec.gain.step_s_saved == pytest.approx(max(own.values()) - own[0], rel=0.05)
     # rank 0 waits for rank 1's 10 ms in FSDP2's all-gathers: its straggler wait, not rank 1's
     waits = {r.rank: float(np.mean([w for _, w, _ in _steady(r)])) for r in report.ranks}
     assert 0.006 < waits[0] < 0.016

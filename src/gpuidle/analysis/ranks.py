@@ -40,8 +40,15 @@ TOO_FEW_STEPS = "too few steps to name a straggler"
 _T975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)
 
 
-def score_interval(ratios: np.ndarray) -> tuple[float, float]:
-    """95 % t-interval of the mean of per-step scores (own step time / the fastest other rank's)."""
+def score_interval(ratios: np.ndarray, geometric: bool = False) -> tuple[float, float]:
+    """95 % t-interval of the mean of per-step scores (own step time / the fastest other rank's).
+
+    ``geometric``: of their geometric mean (the t-interval of the log-ratios), for step times whose
+    boundaries are coarse, where one near-zero step of the fastest rank would blow up the arithmetic mean.
+    """
+    if geometric and ratios.size:
+        low, high = score_interval(np.log(ratios))
+        return float(np.exp(low)), float(np.exp(high))
     n = ratios.size
     if n < 2:
         return (float(ratios.mean()), float(ratios.mean())) if n else (1.0, 1.0)

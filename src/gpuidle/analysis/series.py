@@ -10,8 +10,9 @@ left, so the causes add up to the idle time exactly:
 1. ``straggler_wait``: exposed communication spent waiting for a slower rank;
 2. ``communication``: the rest of the exposed communication;
 3. ``data_loading``: the wait for the next batch;
-4. ``memcpy``: host time of the copy phase (a blocking copy from pageable memory shows here);
-5. ``unattributed``: everything else (launch overhead, host syncs, host work outside the
+4. ``host_sync``: the idle the loop's host syncs caused, where the tracker sees them (JAX);
+5. ``memcpy``: host time of the copy phase (a blocking copy from pageable memory shows here);
+6. ``unattributed``: everything else (launch overhead, host syncs, host work outside the
    phases), which step timing cannot tell apart; a profiled window can.
 
 Waiting for a slower rank: the all-reduce of a step's last bucket ends at about the same
@@ -67,6 +68,22 @@ LISTED_LATE_STEPS = 20
 UNEVEN_DATA_SHARE = 0.05
 """A rank whose data-wait share is this far above the median is named in the job notes."""
 _COL = {c: i for i, c in enumerate(CAUSES)}
+FRAMEWORK_NOTES = {
+    "jax": ["busy: the device's time from each step's start (its dispatch, or the previous step's end) to the "
+            "completion of the outputs given to tracker.step(outputs); data wait and host syncs are the device's "
+            "idle while the host was in the loader or blocked in a sync, not the host's time in them",
+            "idle outside the loader and the syncs (Python between steps, dispatch) is unattributed; "
+            "jax.profiler.trace records a profile that gpuidle analyze splits",
+            "communication is not timed by step timing: a rank's wait for the others counts as busy, and a "
+            "straggler is told by its own step time"],
+    "tensorflow": ["busy: host time from the batch's arrival in the compiled train function (timed in the "
+                   "tf.data pipeline wrapped by callback.dataset) to the batch's end callback",
+                   "idle outside the input wait (callbacks, the host between steps) is unattributed; "
+                   "tf.profiler.experimental records a profile that gpuidle analyze splits",
+                   "communication is not timed by step timing: a rank's wait for the others counts as busy, "
+                   "and a straggler is told by its own step time"],
+}
+"""What busy and idle mean for the JAX and Keras trackers, in place of the PyTorch tracker's notes."""
 
 
 def straggler_split(exposed: npt.ArrayLike) -> I64:
@@ -101,6 +118,7 @@ def split_steps(s: StepSeries) -> StepSplit:
         (Cause.STRAGGLER_WAIT, s.straggler),
         (Cause.COMMUNICATION, s.comm_exposed - s.straggler),
         (Cause.DATA_LOADING, s.data),
+        (Cause.HOST_SYNC, s.sync if s.sync is not None else np.zeros(len(s), dtype=np.int64)),
         (Cause.MEMCPY, s.copy()),
     )
     for cause, want in wanted:
@@ -157,15 +175,17 @@ def rank_report(series: StepSeries) -> RankReport:
     return RankReport(
         rank=s.rank, path=s.path, notes=_notes(series, s), step_source=STEP_SOURCE,
         window=Window(kind=WINDOW_KIND, start_s=_s(s.start[0]) if n else 0.0, dur_s=_s(window)),
-        devices=[device], steps=steps, kernels=no_kernel_facts(), communication=_comm(s), world_size=s.world_size,
+        devices=[device], steps=steps, communication=_comm(s), world_size=s.world_size,
+        kernels=no_kernel_facts(float(s.syncs.mean()) if s.syncs is not None and n else 0.0),
     )
 
 
-def no_kernel_facts() -> KernelFacts:
-    """Step timing sees no kernels: every kernel figure is zero or unknown (a note says so)."""
+def no_kernel_facts(syncs_per_step: float = 0.0) -> KernelFacts:
+    """Step timing sees no kernels: every kernel figure is zero or unknown (a note says so); the JAX
+    tracker counts the loop's host syncs."""
     return KernelFacts(count=0, total_s=0.0, short_kernel_share=0.0, short_kernel_count=0,
                        reduced_precision_gemm_share=None, gemm_share=0.0, conv_share=0.0, top=[],
-                       syncs_per_step=0.0, item_calls_per_step=0.0, pageable_htod_copies=0,
+                       syncs_per_step=syncs_per_step, item_calls_per_step=0.0, pageable_htod_copies=0,
                        pageable_htod_bytes=0, median_launch_us=None)
 
 
@@ -209,7 +229,9 @@ def _notes(full: StepSeries, s: StepSeries) -> list[str]:
                  f"data wait {_pct(int(s.data.sum()) / wall)}, exposed communication "
                  f"{_pct(int(s.comm_exposed.sum()) / wall)} of the step time")
     phases = ", ".join(full.compute_phases) or "none"
-    if s.device_timed:
+    if full.framework in FRAMEWORK_NOTES:
+        notes.extend(FRAMEWORK_NOTES[full.framework])
+    elif s.device_timed:
         notes.append(f"busy: device time between events around the compute phases ({phases}) less exposed "
                      "communication; gaps between kernels inside a phase count as busy")
     else:
@@ -217,12 +239,14 @@ def _notes(full: StepSeries, s: StepSeries) -> list[str]:
             notes.append(HOST_TIMED_NOTE)
         notes.append(f"busy: host time of the compute phases ({phases}) less exposed communication, "
                      "assuming the work runs where the host waits for it (true on a CPU)")
-    notes.append("idle that step timing cannot split (launch overhead, host syncs, host work outside the phases) "
-                 "is unattributed; tracker.profile(steps=...) records a trace that splits it")
+    if full.framework not in FRAMEWORK_NOTES:
+        notes.append("idle that step timing cannot split (launch overhead, host syncs, host work outside the phases) "
+                     "is unattributed; tracker.profile(steps=...) records a trace that splits it")
     notes.append("kernel figures are not measured by the tracker: shown as zero")
     if len(s) < len(full):
         notes.append(f"{len(full) - len(s)} profiled step(s) left out: the profiler's cost inflates them")
-    if full.world_size > 1 and full.comm_hook is None and not full.buckets.any():
+    if full.world_size > 1 and full.comm_hook is None and not full.buckets.any() \
+            and full.framework not in FRAMEWORK_NOTES:
         notes.append("communication not timed (no DDP, FSDP2 or DeepSpeed model given to the tracker): waiting for "
                      "other ranks "
                      "counts as compute here, and stragglers cannot be told")
@@ -356,8 +380,13 @@ def job_report(series: list[StepSeries], reports: list[RankReport], duplicates: 
         ranks = np.array([s.rank for s in aligned])
         dur = np.stack([s.dur for s in aligned])
         wait = np.stack([s.straggler for s in aligned])
-        last = np.argmin(np.stack([s.comm_exposed for s in aligned]), axis=0)
-        lateness = wait.max(axis=0)
+        by_step_time = all(s.framework in FRAMEWORK_NOTES for s in aligned)
+        if by_step_time:  # no communication timed: the last rank is the slowest, late by its step over the fastest's
+            last = np.argmax(dur, axis=0)
+            lateness = dur.max(axis=0) - dur.min(axis=0)
+        else:
+            last = np.argmin(np.stack([s.comm_exposed for s in aligned]), axis=0)
+            lateness = wait.max(axis=0)
         median = np.median(dur, axis=0)
         for j, step in enumerate(common):
             late = lateness[j] > 0
@@ -370,7 +399,7 @@ def job_report(series: list[StepSeries], reports: list[RankReport], duplicates: 
             hit = np.flatnonzero((last == i) & (lateness > 0))
             best_other = np.min(np.delete(own, i, axis=0), axis=0)
             ratios = own[i][best_other > 0] / best_other[best_other > 0]
-            low, high = score_interval(ratios)
+            low, high = score_interval(ratios, geometric=by_step_time)
             if not is_straggler(st.score, low, common.size) or hit.size < max(1, common.size // 2):
                 continue  # a straggler is slower by itself, beyond noise, and the last one in most steps
             shown = hit[np.unique(np.linspace(0, hit.size - 1, min(hit.size, LISTED_LATE_STEPS)).round().astype(int))]
@@ -378,8 +407,9 @@ def job_report(series: list[StepSeries], reports: list[RankReport], duplicates: 
             stragglers.append(Straggler(
                 rank=s.rank, steps=[int(x) for x in common[shown]], lateness_s=_s(float(lateness[shown].mean())),
                 score=st.score, cause=cause, score_low=low, score_high=high,
-                why=f"{why}; last in {hit.size} of {common.size} steps, the others waited "
-                    f"{float(lateness[hit].mean()) / 1e6:.2f} ms on average",
+                why=f"{why}; last in {hit.size} of {common.size} steps, "
+                    + (f"{float(lateness[hit].mean()) / 1e6:.2f} ms slower than the fastest rank on average"
+                       if by_step_time else f"the others waited {float(lateness[hit].mean()) / 1e6:.2f} ms on average"),
             ))
     if len(aligned) > 1 and common.size < MIN_STRAGGLER_STEPS:
         notes.append(f"{TOO_FEW_STEPS}: {common.size} step(s) shared by all ranks, at least {MIN_STRAGGLER_STEPS} "

@@ -52,6 +52,8 @@ class TrackerHeader(msgspec.Struct, tag="header", kw_only=True, omit_defaults=Tr
     every: int = 50
     """Steps between two exchanges of statistics across ranks."""
     notes: list[str] = []
+    framework: str | None = None
+    """``tensorflow`` or ``jax`` for those trackers (the advice speaks their API); absent: PyTorch."""
 
 
 class TrackerStep(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
@@ -63,7 +65,8 @@ class TrackerStep(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
     dur_ns: int
     """Host time from the end of the previous step (or the first batch request) to this one's end."""
     data_ns: int = 0
-    """Host time waiting for the loader's next batch."""
+    """Waiting for the next batch: host time in the loader (PyTorch, Keras); for JAX, which runs ahead of the
+    device, the device's idle while the host was in the loader."""
     phases: dict[str, int] = {}
     """Host time per phase."""
     device_phases: dict[str, int] = {}
@@ -81,6 +84,10 @@ class TrackerStep(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
     batches: int = 0
     profiled: bool = False
     """A ``torch.profiler`` capture ran in this step: its times include the profiler's cost."""
+    sync_ns: int = 0
+    """The device's idle that the host's syncs caused (JAX: ``float(x)``, ``block_until_ready``, printing arrays)."""
+    syncs: int = 0
+    """Host syncs the loop made in this step, where the tracker sees them (JAX)."""
 
 
 class TrackerEnd(msgspec.Struct, tag="end", kw_only=True, omit_defaults=True):
@@ -126,6 +133,11 @@ class StepSeries:
     profiled: npt.NDArray[np.bool_]
     comm_hook: str | None = None
     notes: list[str] = field(default_factory=list)
+    sync: I64 | None = None
+    """Idle caused by host syncs per step (:attr:`TrackerStep.sync_ns`); None: not measured (PyTorch)."""
+    syncs: I64 | None = None
+    framework: str | None = None
+    """``tensorflow``, ``jax``; None or ``pytorch``: PyTorch."""
 
     def __len__(self) -> int:
         return int(self.step.shape[0])
@@ -159,4 +171,6 @@ class StepSeries:
             comm_exposed=self.comm_exposed[rows], straggler=self.straggler[rows], buckets=self.buckets[rows],
             bucket_bytes=self.bucket_bytes[rows], samples=self.samples[rows], batches=self.batches[rows],
             profiled=self.profiled[rows], comm_hook=self.comm_hook, notes=list(self.notes),
+            sync=self.sync[rows] if self.sync is not None else None,
+            syncs=self.syncs[rows] if self.syncs is not None else None, framework=self.framework,
         )

@@ -180,4 +180,5 @@ def _series(p: Path, head: TrackerHeader, steps: list[TrackerStep], end: Tracker
         bucket_bytes=col([s.bucket_bytes for s in steps]), samples=col([s.samples for s in steps]),
         batches=col([s.batches for s in steps]), profiled=np.array([s.profiled for s in steps], dtype=bool),
         comm_hook=end.comm_hook if end is not None else None, notes=notes,
+        sync=col([s.sync_ns for s in steps]), syncs=col([s.syncs for s in steps]), framework=head.framework,
     )

@@ -1,7 +1,14 @@
-"""The in-process step tracker, by concern: clocks, phases, DDP hook timing, the exchange across
-ranks, the profiled window, the outputs, and :class:`StepTracker` (``core``) that ties them.
+"""The in-process step tracker, by concern, in layers with no circle.
 
-Users import it as ``gpuidle.torch``; it needs PyTorch.
+Framework-neutral, importing no framework: :mod:`.exchange` (the rows of finished steps and
+their exchange across ranks), :mod:`.output` (logs and summary), :mod:`.metrics` (Prometheus),
+:mod:`.base` (:class:`~.base.TrackerBase`, which ties them). Below the PyTorch tracker:
+:mod:`.clock`, :mod:`.phases`, :mod:`.ddp` (DDP's comm hook), :mod:`.profile`; then
+:mod:`.core`, the PyTorch :class:`StepTracker`. Beside it, on the same base:
+:mod:`.jax_tracker` (``gpuidle.jax``) and :mod:`.keras_callback` (``gpuidle.keras``).
+
+The names below are the PyTorch tracker's (``gpuidle.torch``); they load on first use, so that
+the JAX and Keras trackers import no PyTorch.
 
 >>> from gpuidle.torch import StepTracker
 >>> tracker = StepTracker(out_dir="gpuidle-run", model=ddp_model)   # doctest: +SKIP
@@ -20,19 +27,25 @@ Users import it as ``gpuidle.torch``; it needs PyTorch.
 
 from __future__ import annotations
 
-from .clock import CudaClock, DeviceClock, HostClock, Marker
-from .core import StepTracker
-from .ddp import timed_hook
-from .phases import COMPUTE_PHASES, DEFAULT_PHASES, batch_size
+import importlib
+from typing import Any
 
-__all__ = [
-    "COMPUTE_PHASES",
-    "DEFAULT_PHASES",
-    "CudaClock",
-    "DeviceClock",
-    "HostClock",
-    "Marker",
-    "StepTracker",
-    "batch_size",
-    "timed_hook",
-]
+_WHERE = {
+    "COMPUTE_PHASES": "phases", "DEFAULT_PHASES": "phases", "batch_size": "phases",
+    "CudaClock": "clock", "DeviceClock": "clock", "HostClock": "clock", "Marker": "clock",
+    "StepTracker": "core", "timed_hook": "ddp",
+}
+"""The PyTorch tracker's public names and their modules."""
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return [*globals(), *__all__]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class Marker(Protocol):
@@ -65,16 +66,19 @@ class CudaClock:
     """CUDA events with timing, recorded on the current stream; reused from a pool once read."""
 
     def __init__(self) -> None:
+        import torch
+
+        self._event: Any = torch.cuda.Event
         self._pool: list[torch.cuda.Event] = []
 
     def mark(self) -> torch.cuda.Event:
-        ev = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        ev = self._pool.pop() if self._pool else self._event(enable_timing=True)
         ev.record()
-        return ev
+        return cast("torch.cuda.Event", ev)
 
     def elapsed_ns(self, start: Marker, end: Marker) -> int:
-        ms: float = cast(torch.cuda.Event, start).elapsed_time(cast(torch.cuda.Event, end))
+        ms: float = cast("torch.cuda.Event", start).elapsed_time(cast("torch.cuda.Event", end))
         return round(ms * 1e6)
 
     def release(self, markers: Iterable[Marker]) -> None:
-        self._pool.extend(m for m in markers if isinstance(m, torch.cuda.Event))
+        self._pool.extend(cast("torch.cuda.Event", m) for m in markers if isinstance(m, self._event))

@@ -17,7 +17,6 @@ writes the job summary (:mod:`.output`) that ``gpuidle analyze <out_dir>`` reads
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,36 +24,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from gpuidle.analysis.series import HOST_TIMED_NOTE, rank_stats
+from gpuidle.analysis.series import HOST_TIMED_NOTE
 from gpuidle.errors import GpuidleError
 from gpuidle.live.exporter import node_name
-from gpuidle.model import (
-    TRACKER_FORMAT,
-    TRACKER_LOG,
-    TRACKER_OTHER,
-    StepSeries,
-    TrackerEnd,
-    TrackerHeader,
-)
+from gpuidle.model import TRACKER_OTHER
 
-from . import ddp, output
+from . import ddp
+from .base import TrackerBase
 from .clock import CudaClock, DeviceClock, HostClock, Marker
-from .exchange import (
-    Gather,
-    JobInfo,
-    JobMemory,
-    RowLayout,
-    alone,
-    dist_gather,
-    dist_hostnames,
-    exchange_group,
-    gather_steps,
-)
-from .metrics import RECENT_STEPS, MetricsServer
+from .exchange import Gather, dist_gather, dist_hostnames, exchange_group
 from .phases import (
     COMPUTE_PHASES,
     COPY_PHASE,
@@ -77,7 +58,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class StepTracker:
+class StepTracker(TrackerBase):
     """Times the phases of every training step on this rank; aggregates across ranks.
 
     :param out_dir: folder for ``rank-<r>.jsonl`` and, from rank 0, the job summary.
@@ -133,24 +114,12 @@ class StepTracker:
         prometheus_port: int | None = None,
         prometheus_addr: str = "127.0.0.1",
     ) -> None:
-        if every < 1 or resolve_lag < 0 or (log_every is not None and log_every < 1):
-            raise GpuidleError(f"every={every}, log_every={log_every}, resolve_lag={resolve_lag}",
-                               "every and log_every must be at least 1, resolve_lag at least 0")
-        self._label = label
-        self._ledger = ledger
-        self._clock = clock
-        self._t0 = clock()
-        self._every = every
-        self._log_every = log_every
-        self._phases = list(dict.fromkeys(p for p in phases if p != TRACKER_OTHER))
-        self._compute = list(compute_phases)
-        self._copy = copy_phase
-        self._samples = samples or batch_size
-        self._log = log or output.stderr
+        if resolve_lag < 0:
+            raise GpuidleError(f"resolve_lag={resolve_lag}", "resolve_lag must be at least 0")
         notes: list[str] = []
         distributed = dist.is_available() and dist.is_initialized()
-        self.rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
-        self.world_size = world_size if world_size is not None else (dist.get_world_size() if distributed else 1)
+        rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
+        world_size = world_size if world_size is not None else (dist.get_world_size() if distributed else 1)
 
         if device_clock == "auto":
             device_clock = CudaClock() if torch.cuda.is_available() else None
@@ -159,7 +128,6 @@ class StepTracker:
         self._dev: DeviceClock | None = device_clock
         self._comm_clock: DeviceClock = device_clock if device_clock is not None else HostClock(clock)
         self._lag = resolve_lag if device_clock is not None else 0
-        self.timing = "device" if device_clock is not None else "host"
         if device_clock is None:
             notes.append(HOST_TIMED_NOTE)
         self._nvtx = nvtx and torch.cuda.is_available()
@@ -167,66 +135,36 @@ class StepTracker:
             notes.append("nvtx ranges off: CUDA is not available")
         cuda = isinstance(device_clock, CudaClock)
         self._device = torch.cuda.current_device() if cuda else 0
-        device_name = torch.cuda.get_device_name(self._device) if cuda else None
 
-        host, node = socket.gethostname(), node_name()
-        hosts = [node] * self.world_size  # the metrics' Hostname labels; a test's gather runs every rank here
-        if gather is not None:
-            self._gather = gather
-        elif self.world_size > 1:
+        hosts = [node_name()] * world_size  # the metrics' Hostname labels; a test's gather runs every rank here
+        if gather is None and world_size > 1:
             exchange = exchange_group(group)
-            self._gather = dist_gather(exchange, self.world_size)
-            hosts = dist_hostnames(exchange, self.world_size, node)
-        else:
-            self._gather = alone
-
-        self.out_dir = Path(out_dir)
-        self._rows_layout = RowLayout(self._phases, JobInfo(
-            world_size=self.world_size, out_dir=self.out_dir, timing=self.timing, device=self._device,
-            device_name=device_name, compute_phases=self._compute, copy_phase=self._copy))
-        self._metrics = MetricsServer(label or self.out_dir.resolve().name, hosts, prometheus_port, prometheus_addr) \
-            if self.rank == 0 and prometheus_port is not None else None
-        self.prometheus_port = self._metrics.port if self._metrics is not None else None
-        """The port rank 0 serves its metrics on until :meth:`close`, None when it serves none."""
-        self._step = 0
+            gather = dist_gather(exchange, world_size)
+            hosts = dist_hostnames(exchange, world_size, hosts[0])
+        self._samples = samples or batch_size
         self._step_start: int | None = None
         self._open = OpenStep()
         self._inflight: dict[str, tuple[int, Marker | None]] = {}
         self._pending: deque[PendingStep] = deque()
-        self._rows: list[list[float]] = []
-        self._sent = 0
-        self._job = JobMemory(self.world_size, self._rows_layout.width, summary_steps)
-        self._next_log = log_every or 0
         self._forced = 0
-        self._comm_hook: str | None = None
         self._sink = ddp.BucketSink(self)
         self._comm_summary: Summary = ddp.summary
         self._sharded_sink: CommSink | None = None
         self._window = ProfileWindow()
-        self._closed = False
-        self.report: AnalysisReport | None = None
-        self._notes = notes
-        if model is not None:
-            self._watch(model)
-
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
-            output.remove_stale(self.out_dir, self.world_size)
-        self.path = self.out_dir / TRACKER_LOG.format(rank=self.rank)
-        self._file = output.RankLog(self.path)
-        self._header = TrackerHeader(
-            format=TRACKER_FORMAT, rank=self.rank, world_size=self.world_size, timing=self.timing,
-            device=self._device, device_name=device_name, host=host, pid=os.getpid(),
-            t0=time.time(), phases=[*self._phases, TRACKER_OTHER], compute_phases=self._compute,
-            copy_phase=self._copy, every=every, notes=notes,
+        super().__init__(
+            out_dir, framework="pytorch", timing="device" if device_clock is not None else "host", rank=rank,
+            world_size=world_size, gather=gather, hosts=hosts, phases=phases, compute_phases=compute_phases,
+            copy_phase=copy_phase, every=every, log_every=log_every, notes=notes, clock=clock, log=log,
+            summary_steps=summary_steps, label=label, ledger=ledger, prometheus_port=prometheus_port,
+            prometheus_addr=prometheus_addr, device=self._device,
+            device_name=torch.cuda.get_device_name(self._device) if cuda else None,
         )
-        self._file.write([self._header])
-        if self.rank == 0 and notes:
-            for note in notes:
-                self._log(note)
-        if self.rank == 0:
-            # numpy loads parts of itself on first use: pay that here, not in the middle of a step
-            self._log_line(np.zeros((self.world_size, 1, self._rows_layout.width + 1)))
+        if model is not None:
+            known = len(self._notes)
+            self._watch(model)
+            if self.rank == 0:
+                for note in self._notes[known:]:
+                    self._log(note)
 
     # -- the loop ------------------------------------------------------------------
 
@@ -300,11 +238,6 @@ class StepTracker:
         if self._open.empty():
             self._step_start = self._clock()
 
-    @property
-    def clock(self) -> Callable[[], int]:
-        """The host clock of the tracker (ns), for callers that measure waits themselves."""
-        return self._clock
-
     def step(self) -> None:
         """End the step: queue its markers, read those that completed, exchange every ``every`` steps."""
         now = self._clock()
@@ -320,15 +253,11 @@ class StepTracker:
         self._step_start = now
         self._drain(self._step - self._lag)
         if self._step % self._every == 0:
-            self._exchange(final=False)
+            self._exchange(final=False, count=(self._step - self._lag) - self._sent)
         if self._window.running:
             self._window.step(self._step)
         if self._nvtx:
             torch.cuda.nvtx.mark(f"gpuidle step {self._step}")  # type: ignore[no-untyped-call]
-
-    @property
-    def steps_done(self) -> int:
-        return self._step
 
     @property
     def forced_waits(self) -> int:
@@ -428,44 +357,10 @@ class StepTracker:
         if work.comm:
             comm, exposed, count, nbytes = self._comm_summary(self._comm_clock, work.comm)
             self._comm_clock.release([m for c in work.comm for m in c[:2] if m is not None])
-        for i, v in zip(layout.tail, (comm, exposed, count, nbytes, work.samples, work.batches, p.profiled),
-                        strict=True):
+        for i, v in zip(layout.tail, (comm, exposed, count, nbytes, work.samples, work.batches, p.profiled,
+                                      0, 0), strict=True):
             row[i] = v
         self._rows.append(row)
-
-    def _exchange(self, final: bool) -> None:
-        """Send the finished steps to every rank, split out the wait for stragglers, write them."""
-        count = len(self._rows) if final else (self._step - self._lag) - self._sent
-        if count <= 0 and not final:
-            return
-        layout = self._rows_layout
-        rows = np.array(self._rows[:count], dtype=np.float64).reshape(count, layout.width)
-        del self._rows[:count]
-        everyone, wait = gather_steps(self._gather, rows, layout, self.world_size, final)
-        mine = everyone[self.rank]
-        keep = ~np.isnan(mine[:, 0])
-        self._file.write([layout.line(r, int(w)) for r, w in zip(mine[keep], wait[self.rank][keep], strict=True)])
-        self._sent += count
-        if self.rank == 0:
-            block = np.concatenate([everyone, wait[:, :, None].astype(np.float64)], axis=2)
-            self._job.keep(block)
-            if self._metrics is not None:
-                recent, ranks = self._job.recent(RECENT_STEPS), range(block.shape[0])
-                self._metrics.metrics.update([self._series(r, block[r]) for r in ranks],
-                                             [self._series(r, recent[r]) for r in ranks])
-            if self._log_every and self._step >= self._next_log and not final:
-                self._log(self._log_line(block))
-                while self._next_log <= self._step:
-                    self._next_log += self._log_every
-
-    def _series(self, rank: int, m: np.ndarray, notes: list[str] | None = None) -> StepSeries:
-        """One rank's rows (``[n, F + 1]``, the wait last) as a :class:`StepSeries`."""
-        return self._rows_layout.series(m, rank, self._comm_hook, notes if notes is not None else [])
-
-    def _log_line(self, block: np.ndarray) -> str:
-        """``step 1200 | 212 ms | GPU busy 61 % | data wait 31 % (rank 3: 48 %) | straggler: rank 3 ×1.4``."""
-        stats = rank_stats([self._series(r, block[r]) for r in range(block.shape[0])])
-        return output.log_line(self._step, stats, self._dev is not None, self._comm_hook is not None)
 
     # -- the end -------------------------------------------------------------------
 
@@ -481,36 +376,10 @@ class StepTracker:
         self._window.stop()
         self._let_go()
         self._drain(self._step)
-        self._exchange(final=True)
-        self._finish([])
-        if self.rank == 0 and not len(self._job):
-            self._log(f"no step was recorded: no job summary in {self.out_dir}")
-        elif self.rank == 0:
-            try:
-                self.report = self._summarize()
-            except Exception as err:  # the end of a long run is no place to crash: the logs are complete
-                self._log(f"no job summary ({type(err).__name__}: {err}); the rank logs are complete: "
-                          f"gpuidle analyze {self.out_dir}")
-        if self._metrics is not None:
-            self._metrics.close()
-        return self.report
-
-    def _finish(self, notes: list[str]) -> None:
+        notes = []
         if self.world_size > 1 and self._comm_hook is None:
             notes.append("communication not timed: no DDP comm hook (tracker.watch_ddp(model))")
-        self._file.write([TrackerEnd(steps=self._step, comm_hook=self._comm_hook, notes=notes)])
-        self._file.close()
-        self._notes.extend(notes)
-
-    def _summarize(self) -> AnalysisReport:
-        job = self._job.steps()
-        notes = list(self._notes)
-        if self._job.dropped:
-            notes.append(f"the job summary covers the last {job.shape[1]} steps of {job.shape[1] + self._job.dropped}; "
-                         f"gpuidle analyze {self.out_dir} reads every step from the rank logs")
-        series = [self._series(r, job[r], notes) for r in range(job.shape[0])]
-        ledger = self._ledger if isinstance(self._ledger, bool) else Path(self._ledger)
-        return output.summarize(series, self.out_dir, self._log, self._label, ledger)
+        return self._conclude(notes)
 
     def __enter__(self) -> StepTracker:
         return self
@@ -524,9 +393,4 @@ class StepTracker:
             self._window.stop()
             self._let_go()
             self._drain(self._step)
-            layout = self._rows_layout
-            rows = np.array(self._rows, dtype=np.float64).reshape(len(self._rows), layout.width)
-            self._file.write([layout.line(r, 0) for r in rows])
-            if self._metrics is not None:
-                self._metrics.close()
-            self._finish([f"closed by {kind.__name__}: steps after the last exchange have no straggler split"])
+            self._abandon(kind.__name__)

@@ -10,7 +10,7 @@ callback runs on streams that wait for the communication, so its event completes
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -18,8 +18,13 @@ from gpuidle.errors import GpuidleError
 
 from .clock import DeviceClock
 
-if TYPE_CHECKING:
-    from .core import StepTracker
+
+class BucketTarget(Protocol):
+    """The tracker as the hook sees it: told when a bucket is handed over and when it is done."""
+
+    def _bucket_ready(self, buffer: torch.Tensor) -> list[Any]: ...
+
+    def _bucket_done(self, entry: list[Any]) -> None: ...
 
 
 class BucketSink:
@@ -27,8 +32,8 @@ class BucketSink:
 
     __slots__ = ("tracker",)
 
-    def __init__(self, tracker: StepTracker) -> None:
-        self.tracker: StepTracker | None = tracker
+    def __init__(self, tracker: BucketTarget) -> None:
+        self.tracker: BucketTarget | None = tracker
 
     def ready(self, buffer: torch.Tensor) -> list[Any] | None:
         t = self.tracker

@@ -13,20 +13,21 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
 from gpuidle.analysis.series import straggler_split
 from gpuidle.errors import GpuidleError
 from gpuidle.model import TRACKER_LOG, TRACKER_OTHER, StepSeries, TrackerStep
 
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
 Gather = Callable[[np.ndarray], np.ndarray]
 """``rows [n, F]`` of this rank in, ``[world, n, F]`` of every rank out; called by all ranks together."""
 
-TAIL = ("comm", "exposed", "buckets", "bytes", "samples", "batches", "profiled")
+TAIL = ("comm", "exposed", "buckets", "bytes", "samples", "batches", "profiled", "sync", "syncs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ class JobInfo:
     device_name: str | None
     compute_phases: list[str]
     copy_phase: str
+    framework: str = "pytorch"
 
 
 class RowLayout:
@@ -61,13 +63,13 @@ class RowLayout:
 
     def line(self, r: np.ndarray, wait: int) -> TrackerStep:
         """A row and its wait for the slowest rank as the log's step line."""
-        comm, exposed, buckets, nbytes, samples, batches, profiled = (int(r[i]) for i in self.tail)
+        comm, exposed, buckets, nbytes, samples, batches, profiled, sync, syncs = (int(r[i]) for i in self.tail)
         return TrackerStep(
             step=int(r[0]), start_ns=int(r[1]), dur_ns=int(r[2]), data_ns=int(r[3]),
             phases={p: int(r[i]) for p, i in self.host_col.items()},
             device_phases={p: int(r[i]) for p, i in self.device_col.items()} if self.device_timed else {},
             comm_ns=comm, comm_exposed_ns=exposed, straggler_ns=wait, buckets=buckets, bucket_bytes=nbytes,
-            samples=samples, batches=batches, profiled=bool(profiled),
+            samples=samples, batches=batches, profiled=bool(profiled), sync_ns=sync, syncs=syncs,
         )
 
     def series(self, m: np.ndarray, rank: int, comm_hook: str | None, notes: list[str]) -> StepSeries:
@@ -88,7 +90,8 @@ class RowLayout:
             device_phases={p: c(f"device:{p}") for p in self.names} if self.device_timed else {},
             comm=c("comm"), comm_exposed=c("exposed"), straggler=m[:, -1].astype(np.int64), buckets=c("buckets"),
             bucket_bytes=c("bytes"), samples=c("samples"), batches=c("batches"),
-            profiled=m[:, col["profiled"]] > 0, comm_hook=comm_hook, notes=notes,
+            profiled=m[:, col["profiled"]] > 0, comm_hook=comm_hook, notes=notes, sync=c("sync"), syncs=c("syncs"),
+            framework=info.framework,
         )
 
 
@@ -157,6 +160,8 @@ def exchange_group(group: str | dist.ProcessGroup) -> dist.ProcessGroup | None:
         return group
     if group == "default":
         return None
+    import torch.distributed as dist
+
     if group in ("auto", "gloo"):
         return cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
     raise GpuidleError(f"group={group!r}", "use 'auto', 'default', 'gloo' or a ProcessGroup")
@@ -164,6 +169,9 @@ def exchange_group(group: str | dist.ProcessGroup) -> dist.ProcessGroup | None:
 
 def dist_gather(group: dist.ProcessGroup | None, world: int) -> Gather:
     """:data:`Gather` over ``torch.distributed``: on the GPU only when the group's backend is not gloo."""
+    import torch
+    import torch.distributed as dist
+
     backend = str(dist.get_backend(group)).lower()
     on_gpu = "gloo" not in backend and torch.cuda.is_available()
 
@@ -180,6 +188,8 @@ def dist_gather(group: dist.ProcessGroup | None, world: int) -> Gather:
 
 def dist_hostnames(group: dist.ProcessGroup | None, world: int, host: str) -> list[str]:
     """Every rank's node name, by rank: once, when the tracker starts (the metrics' ``Hostname`` labels)."""
+    import torch.distributed as dist
+
     hosts: list[object] = [None] * world
     dist.all_gather_object(hosts, host, group=group)
     return [str(h) for h in hosts]

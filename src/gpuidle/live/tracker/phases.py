@@ -1,21 +1,17 @@
 """A step in progress: its phases, their host time and device markers, its buckets and data.
 
 ``with tracker.phase(name):`` costs two host clock reads and, with a device clock, two
-markers; nothing is read back until the step is old enough (:class:`PendingStep`).
+markers; nothing is read back until the step is old enough (:class:`PendingStep`). Below the
+trackers: a :class:`Phase` sees its tracker as a :class:`PhaseTarget`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-import torch
-
-from .clock import Marker
-
-if TYPE_CHECKING:
-    from .core import StepTracker
+from .clock import DeviceClock, Marker
 
 DEFAULT_PHASES = ("h2d", "forward", "backward", "optimizer")
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
@@ -23,9 +19,16 @@ COPY_PHASE = "h2d"
 
 
 def batch_size(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (tuples, lists and dicts searched)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
+    """Samples in a batch: the first dimension of its first array (tuples, lists and dicts searched).
+
+    An array is anything with a ``shape`` (torch, numpy, JAX, TensorFlow).
+    """
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        try:
+            return int(shape[0]) if len(shape) else 1
+        except (TypeError, ValueError):  # a dimension or rank unknown (a symbolic TensorFlow shape)
+            return 0
     items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
     for item in items:
         n = batch_size(item)
@@ -67,12 +70,22 @@ class PendingStep:
         return all(c[1] is not None and c[1].query() for c in self.work.comm)
 
 
+class PhaseTarget(Protocol):
+    """What a :class:`Phase` reads and fills in its tracker."""
+
+    _step_start: int | None
+    _clock: Callable[[], int]
+    _nvtx: bool
+    _dev: DeviceClock | None
+    _open: OpenStep
+
+
 class Phase:
     """``with tracker.phase(name):`` — a plain class: cheaper than a generator context manager."""
 
     __slots__ = ("_m0", "_name", "_t0", "_tracker")
 
-    def __init__(self, tracker: StepTracker, name: str) -> None:
+    def __init__(self, tracker: PhaseTarget, name: str) -> None:
         self._tracker = tracker
         self._name = name
 
@@ -97,8 +110,12 @@ class Phase:
 
 
 def nvtx_push(name: str) -> None:
+    import torch
+
     torch.cuda.nvtx.range_push(name)  # type: ignore[no-untyped-call]
 
 
 def nvtx_pop() -> None:
+    import torch
+
     torch.cuda.nvtx.range_pop()  # type: ignore[no-untyped-call]

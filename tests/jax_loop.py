@@ -1,0 +1,69 @@
+"""A small JAX training loop under ``gpuidle.jax.StepTracker``, run as a script by the tests.
+
+    python tests/jax_loop.py OUT_DIR MODE [STEPS]     # MODE: data, sync, light (a short data delay), slow
+Rank and world size come from GPUIDLE_RANK / GPUIDLE_WORLD_SIZE (independent processes writing
+their rank logs to one folder). Prints one JSON line: what the loop did, timed by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+
+from gpuidle.jax import StepTracker
+
+DATA_DELAY_S = 0.015
+LIGHT_DELAY_S = 0.003
+SLOW_DELAY_S = 0.04
+"""A rank whose data is slow enough to stand out however loaded the machine is."""
+HOST_WORK_S = 0.006
+
+
+@jax.jit
+def train_step(w: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    for _ in range(4):
+        x = jnp.tanh(x @ w)
+    return w - 1e-3 * x.mean(), x.sum()
+
+
+def batches(n: int, delay: float, x: jax.Array) -> Iterator[jax.Array]:
+    for _ in range(n):
+        if delay:
+            time.sleep(delay)
+        yield x
+
+
+def main() -> None:
+    out, mode = sys.argv[1], sys.argv[2]
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 60
+    rank, world = int(os.environ.get("GPUIDLE_RANK", "0")), int(os.environ.get("GPUIDLE_WORLD_SIZE", "1"))
+    w, x = jnp.full((256, 256), 0.01), jnp.ones((128, 256))
+    w, loss = train_step(w, x)
+    loss.block_until_ready()
+    # the loop's own device time per step, measured synchronously beforehand (the reference)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        w, loss = train_step(w, x)
+        loss.block_until_ready()
+    compute_s = (time.perf_counter() - t0) / 20
+    tracker = StepTracker(out, rank=rank, world_size=world, every=20, ledger=False, log=lambda line: None)
+    t0 = time.perf_counter()
+    for batch in tracker.loader(batches(steps, {"data": DATA_DELAY_S, "light": LIGHT_DELAY_S, "slow": SLOW_DELAY_S}.get(mode, 0.0), x)):
+        with tracker.phase("train_step"):
+            w, loss = train_step(w, batch)
+        if mode == "sync":
+            float(loss)
+            time.sleep(HOST_WORK_S)  # host work the sync leaves exposed
+        tracker.step(loss)
+    tracker.close()
+    print(json.dumps({"wall_s": time.perf_counter() - t0, "compute_s": compute_s, "steps": steps}))
+
+
+if __name__ == "__main__":
+    main()
