@@ -54,7 +54,8 @@ def main() -> None:
     compute_s = (time.perf_counter() - t0) / 20
     tracker = StepTracker(out, rank=rank, world_size=world, every=20, ledger=False, log=lambda line: None)
     t0 = time.perf_counter()
-    for batch in tracker.loader(batches(steps, {"data": DATA_DELAY_S, "light": LIGHT_DELAY_S, "slow": SLOW_DELAY_S}.get(mode, 0.0), x)):
+    delay = {"data": DATA_DELAY_S, "light": LIGHT_DELAY_S, "slow": SLOW_DELAY_S}.get(mode, 0.0)
+    for batch in tracker.loader(batches(steps, delay, x)):
         with tracker.phase("train_step"):
             w, loss = train_step(w, batch)
         if mode == "sync":
