@@ -43,6 +43,9 @@ class Effect:
     own_to: float | None = None
     pools: tuple[str, ...] = ()
     reason: str | None = None
+    part: str | None = None
+    """The idle removed is a named part of its cause's idle (``zero_grad``: the launches of per-parameter
+    fills): it shares no pool with fixes that claim the rest of that cause."""
 
 
 @dataclass(slots=True)
@@ -132,7 +135,7 @@ class Model:
 def _pools(p: Proposal) -> set[tuple[int, str]]:
     out = set()
     for r, e in p.effects.items():
-        out |= {(r, c) for c, sec in e.idle.items() if sec > 0}
+        out |= {(r, f"{c}:{e.part}" if e.part else c) for c, sec in e.idle.items() if sec > 0}
         out |= {(r, c) for c in e.pools}
     return out
 
