@@ -187,7 +187,7 @@ def _device_idle(
     plain_op = feeding & is_op & (issued == 0) & ~names.item_op[name] & ~names.collective_host[name]
     other_rt = feeding & is_rt & ~sync & ~htod_call & ~launch_call
 
-    inflight_launch, inflight_copy = _launches_in_flight(tl, launchers, compute, idle, hi)
+    inflight_launch, inflight_copy = _launches_in_flight(tl, launchers, compute, idle, hi, sync)
 
     def rows(mask: np.ndarray) -> iv.Intervals:
         return host.start[mask], host.end[mask]
@@ -252,7 +252,7 @@ def _copy_kind_of_calls(tl: Timeline, launchers: I64) -> np.ndarray:
 
 
 def _launches_in_flight(
-    tl: Timeline, launchers: I64, compute: np.ndarray, idle: iv.Intervals, window_end: int,
+    tl: Timeline, launchers: I64, compute: np.ndarray, idle: iv.Intervals, window_end: int, blocking: np.ndarray,
 ) -> tuple[iv.Intervals, iv.Intervals]:
     """``[launch call start, op start)`` for the op that ends each idle gap.
 
@@ -271,7 +271,8 @@ def _launches_in_flight(
     ok = (ops.start[op] == ends_at) & (launchers[op] >= 0)
     op, gap_start, gap_end = op[ok], gap_start[ok], ends_at[ok]
     issued = tl.host.start[launchers[op]]
-    returned = tl.host.end[launchers[op]]
+    # a blocking call (a synchronous copy) enqueues its work at once and then waits: only its start launches
+    returned = np.where(blocking[launchers[op]], issued, tl.host.end[launchers[op]])
     # Issued during the gap, or just before it with the gap no longer than a launch takes. An op
     # queued long before waited on a dependency, not on its launch: the host layers decide.
     ok = ((issued >= gap_start) | (gap_end - issued <= MAX_LAUNCH_LATENCY_NS)) & (issued < gap_end)

@@ -113,6 +113,16 @@ def excluded_lines(r: RankReport, kept: bool = False) -> list[str]:
             for s in r.steps if s.excluded is not None]
 
 
+def startup_lines(r: RankReport) -> list[str]:
+    """One-time start-up costs, once: ``start-up (once, not in per-step figures): 6,008.7 ms cudaFree (context)``."""
+    if not r.startup:
+        return []
+    idle = sum(c.idle_s for c in r.startup)
+    head = f"start-up cost (once, left out of per-step figures and gains): {ms(idle)} of device idle"
+    return [head] + [f"  {ms(c.dur_s)} {c.name} ({c.kind.replace('_', ' ')})" for c in r.startup[:8]] + (
+        [f"  +{len(r.startup) - 8} more (--format json)"] if len(r.startup) > 8 else [])
+
+
 def printable_report(report: T) -> T:
     """A copy of a report (msgspec structs, lists, dicts) with :func:`~gpuidle.report.text.printable` applied
     to every string, for the renderers of text: no name from an input reaches the terminal raw.

@@ -14,6 +14,7 @@ from gpuidle.report.common import (
     printable_report,
     shown_recommendations,
     source_label,
+    startup_lines,
     step_rows,
 )
 
@@ -47,6 +48,7 @@ class MarkdownRenderer:
         for r in shown:
             lines += self._rank(r)
             lines += [f"- {x}" for x in excluded_lines(r, report.include_warmup)]
+            lines += [f"- {x.strip()}" for x in startup_lines(r)]
         if report.cost is not None:
             lines += ["### Cost", ""]
             lines += _table(["", "value", "formula"],

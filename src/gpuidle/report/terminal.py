@@ -33,6 +33,7 @@ from gpuidle.report.common import (
     ranges,
     shown_recommendations,
     source_label,
+    startup_lines,
     step_rows,
     utilization_falls,
 )
@@ -198,6 +199,8 @@ class TerminalRenderer:
         if len(r.steps) > 1:
             console.print(_steps(r))
         for line in excluded_lines(r, kept):
+            console.print(Text(line, style="yellow"))
+        for line in startup_lines(r):
             console.print(Text(line, style="yellow"))
         c = r.communication
         if c.comm_s > 0:
