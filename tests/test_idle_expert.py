@@ -164,7 +164,7 @@ def test_int8_all_to_all_is_not_credited_to_a_ddp_hook(tmp_path: Path) -> None:
     assert rec.gain.step_s_saved == pytest.approx(150 * US)
     gains = [x.gain.step_s_saved for x in r.recommendations if x.cause == "communication"
              and x.gain.step_s_saved is not None]
-    assert len(gains) == len(set(round(g, 9) for g in gains))    # no figure repeated across alternatives
+    assert len(gains) == len({round(g, 9) for g in gains})    # no figure repeated across alternatives
 
 
 def test_volta_kernels_mean_tensor_cores_without_device_properties(tmp_path: Path) -> None:
@@ -175,7 +175,8 @@ def test_volta_kernels_mean_tensor_cores_without_device_properties(tmp_path: Pat
     r = run(t, tmp_path, props=[])
     rec = next(x for x in r.recommendations if x.id == "mixed_precision")
     assert "volta" in rec.evidence["hardware"]
-    assert rec.gain.step_s_saved is not None and rec.confidence == "medium"
+    assert rec.gain.step_s_saved is not None
+    assert rec.confidence == "medium"
     assert "no tensor cores" not in json.dumps(rec.evidence)
 
 
@@ -225,5 +226,50 @@ def test_without_runtime_events_the_launch_bound_is_unknown(tmp_path: Path) -> N
         for k in range(9):
             t.x("kernel", "elementwise_kernel", base + 100 * k + 90, 10, pid=0, tid=7, device=0, stream=7)
     rank = run(t, tmp_path).ranks[0]
-    assert rank.host_events is not None and rank.host_events["runtime_calls"] == 0
+    assert rank.host_events is not None
+    assert rank.host_events["runtime_calls"] == 0
     assert any("no CUDA runtime events" in n for n in rank.notes)
+
+
+REAL = Path(__file__).parent / "data"
+
+
+def _raw(name: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = json.loads(gzip.decompress((REAL / name).read_bytes()))["traceEvents"]
+    return events
+
+
+@pytest.mark.parametrize("name", ["negative_queue_length_values_check__rank0.json.gz",
+                                  "trace_filter__sampled_rank-0.json.gz", "nccl_parser_config__nccl_data.json.gz",
+                                  "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz"])
+def test_launch_overhead_within_what_launching_costs_on_real_traces(name: str) -> None:
+    """Independently: launching can cost no more than the launch calls themselves, 50 µs of queue for each
+    kernel, and 100 µs of dispatch for each launch an operator issues."""
+    rank = analyze([REAL / name]).ranks[0]
+    lo, hi = rank.window.start_s, rank.window.start_s + rank.window.dur_s
+    events = _raw(name)
+    t0 = min(e["ts"] for e in events if "ts" in e and e.get("ph") == "X")
+    launches = [e for e in events if e.get("cat") in ("cuda_runtime", "Runtime", "cuda_driver")
+                and ("Launch" in e["name"] or "Memset" in e["name"] or "Memcpy" in e["name"])
+                and lo <= (e["ts"] - t0) * 1e-6 < hi]
+    bound = sum(e["dur"] for e in launches) * US + len(launches) * (50 + 100) * US
+    charged = rank.primary().idle_by_cause_s["launch_overhead"]
+    assert charged <= bound
+
+
+def test_bytes_on_the_wire_on_a_real_trace() -> None:
+    """trace_filter rank 0: the fp32 all-reduce bytes are the nccl:all_reduce ranges' Input Dims × 4."""
+    name = "trace_filter__sampled_rank-0.json.gz"
+    rank = analyze([REAL / name]).ranks[0]
+    expected = 0
+    for e in _raw(name):
+        if e.get("name") == "nccl:all_reduce":
+            dims = e["args"]["Input Dims"][0]
+            assert e["args"]["Input type"][0] == "float"
+            n = 1
+            for d in dims:
+                n *= d
+            expected += n * 4
+    got = sum(c.bytes for c in rank.communication.collectives if c.collective == "all_reduce")
+    assert got == expected
+    assert {c.dtype for c in rank.communication.collectives if c.collective == "all_reduce"} == {"float32"}
