@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 DEVICE_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
-HOST_CATS = {"cpu_op", "Operator", "cuda_runtime", "Runtime", "cuda_driver", "user_annotation"}
+HOST_CATS = {"cpu_op", "Operator", "cuda_runtime", "Runtime", "cuda_driver", "user_annotation", "python_function"}
 RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 OP_CATS = {"cpu_op", "Operator"}
 COLLECTIVE = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.I)
@@ -28,6 +28,22 @@ SYNC_COPY = re.compile(r"^(cudaMemcpy|cudaMemcpy2D|cudaMemcpy3D|hipMemcpy|hipMem
 DATA = re.compile(r"DataLoader|data[_ ]?load|load[_ ]?batch|get[_ ]?batch"
                   r"|IteratorGetNext|Iterator::GetNext|device_put|DevicePut|\bgrain\b", re.I)
 COLL_HOST = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)")
+LAUNCH = re.compile(r"Launch|^(cuda|hip)Memset|^cuMemset")
+COPY_CALL = re.compile(r"^(cuda|hip|cu)Memcpy")
+REGION = re.compile(r"^ProfilerStep#|^Optimizer\.\w+#|^Torch-Compiled Region|^TorchDynamo|^## .* ##$|^CompiledFxGraph"
+                    r"|^DistributedDataParallel\.forward$|^FullyShardedDataParallel\.|^enumerate\(DataLoader\)")
+QUEUE_NS = 50_000
+DISPATCH_NS = 100_000
+ONCE_NS = 1_000_000
+CONTEXT = re.compile(r"^(cuda|hip)Free$|^cuInit$|^cuCtx(Create|SetCurrent)|^cuDevicePrimaryCtx|^hipInit$"
+                     r"|^(cuda|hip)SetDevice$|^(cuda|hip)GetDevice|^(cuda|hip)DeviceGet|^(cuda|hip)RuntimeGetVersion$"
+                     r"|^(cuda|hip)DriverGetVersion$")
+MODULE_OR_STREAM = re.compile(r"^cuModuleLoad|^cuLibraryLoad|^hipModuleLoad|^cudaFuncGetAttributes$"
+                              r"|^(cuda|hip)StreamCreate|^cuStreamCreate|^(cuda|hip)EventCreate")
+ALLOC = re.compile(r"^(cuda|hip)Malloc|^cuMemAlloc|^cuMemCreate|^(cuda|hip)HostAlloc$|^hipHostMalloc$|^hipExtMalloc")
+COMPILING = re.compile(r"compile_inner|compile_fx|call_user_compiler|inductor_compile|create_aot_dispatcher_function"
+                       r"|async_compile|^nvrtcCompileProgram$|^cuLink(Complete|Create)|^(hip|cu)rtcCompileProgram"
+                       r"|XlaCompile|BackendCompile|^PjRtCompile|jit_compile", re.I)
 
 
 def ns(us: Any) -> int:
@@ -119,6 +135,47 @@ def union_length(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
     return total
 
 
+def startup_spans(t: RefTrace) -> list[tuple[int, int]]:
+    """One-time calls, by the rules in the docs, with plain loops: long first context calls, module loads and
+    stream creation, compilation, allocations when none comes in the last step, slow first launches."""
+    lo, hi = window(t)
+    out: list[tuple[int, int]] = []
+    seen: set[tuple[Any, str]] = set()
+    allocs = []
+    for h in sorted(t.host, key=lambda h: (h.start, h.index)):
+        long = h.end - h.start >= ONCE_NS
+        if h.cat in RUNTIME_CATS:
+            first = (h.thread, h.name) not in seen
+            seen.add((h.thread, h.name))
+            if long and ((CONTEXT.search(h.name) and first) or MODULE_OR_STREAM.search(h.name)):
+                out.append((h.start, h.end))
+            elif long and ALLOC.search(h.name):
+                allocs.append(h)
+        if long and COMPILING.search(h.name):
+            out.append((h.start, h.end))
+    starts = [s for _, s, _ in t.steps] + [hi] if t.steps else [lo, hi]
+    if len(starts) <= 2 or not any(starts[-2] <= h.start < starts[-1] for h in allocs):
+        out += [(h.start, h.end) for h in allocs]
+    by_corr = {h.corr: h for h in t.host if h.cat in RUNTIME_CATS and h.corr >= 0}
+    linked = [(by_corr[o.corr], o) for o in t.device_ops if o.corr in by_corr and LAUNCH.search(by_corr[o.corr].name)]
+    if linked:
+        durs = sorted(h.end - h.start for h, _ in linked)
+        mid = len(durs) // 2
+        median = durs[mid] if len(durs) % 2 else (durs[mid - 1] + durs[mid]) / 2
+        first_of: dict[str, Ev] = {}
+        for h, o in sorted(linked, key=lambda ho: ho[0].start):
+            first_of.setdefault(o.name, h)
+        out += [(h.start, h.end) for h in first_of.values() if h.end - h.start >= max(ONCE_NS, 20 * median)]
+    return out
+
+
+def startup_idle(t: RefTrace, device: int) -> int:
+    """Window time under start-up calls with neither compute nor a collective on the device."""
+    lo, hi = window(t)
+    device_work = [(o.start, o.end) for o in t.device_ops if o.device == device]
+    return union_length(startup_spans(t) + device_work, lo, hi) - union_length(device_work, lo, hi)
+
+
 def busy(t: RefTrace, device: int) -> int:
     lo, hi = window(t)
     return union_length([(o.start, o.end) for o in t.device_ops
@@ -161,8 +218,8 @@ def cause_at(t: RefTrace, device: int) -> Any:
         if h.cat not in RUNTIME_CATS or not re.match(r"^(cuda|hip|cu)Memcpy", h.name) or is_htod_call(h):
             return False
         target = launched.get(h.index)
-        return bool(SYNC_COPY.search(h.name)) or (target is not None and "DtoH" in target.name
-                                                  and "Pageable" in target.name)
+        return bool(SYNC_COPY.search(h.name)) or h.end - h.start > QUEUE_NS or (
+            target is not None and "DtoH" in target.name and "Pageable" in target.name)
 
     launch_starts: dict[Any, list[int]] = {}
     for h in t.host:
@@ -171,10 +228,36 @@ def cause_at(t: RefTrace, device: int) -> Any:
     for v in launch_starts.values():
         v.sort()
 
-    def launches_inside(h: Ev) -> bool:
+    def launches_inside(h: Ev) -> int:
         xs = launch_starts.get(h.thread, [])
-        i = bisect.bisect_left(xs, h.start)
-        return i < len(xs) and xs[i] < h.end
+        return bisect.bisect_left(xs, h.end) - bisect.bisect_left(xs, h.start)
+
+    calls_by_thread: dict[Any, list[Ev]] = {}
+    for h in t.host:
+        if h.cat in RUNTIME_CATS:
+            calls_by_thread.setdefault(h.thread, []).append(h)
+
+    def own_work(h: Ev) -> int:
+        inside = [c.end - c.start for c in calls_by_thread.get(h.thread, []) if h.start <= c.start < h.end]
+        return h.end - h.start - sum(inside)
+
+    nested_by_thread: dict[Any, list[Ev]] = {}
+    for h in fh:
+        if h.cat in RUNTIME_CATS or (h.cat in OP_CATS and not REGION.search(h.name)):
+            nested_by_thread.setdefault(h.thread, []).append(h)
+
+    def self_spans(h: Ev) -> list[tuple[int, int]]:
+        """The parts of ``h`` outside every range nested in it on its thread."""
+        inner = sorted((c.start, c.end) for c in nested_by_thread.get(h.thread, [])
+                       if c.index != h.index and h.start <= c.start and c.end <= h.end)
+        out, at = [], h.start
+        for s0, e0 in inner:
+            if s0 > at:
+                out.append((at, s0))
+            at = max(at, e0)
+        if at < h.end:
+            out.append((at, h.end))
+        return out
 
     loading = Cover([(h.start, h.end) for h in t.host if DATA.search(h.name) and h.cat not in RUNTIME_CATS])
     sync = Cover([(h.start, h.end) for h in fh if (h.cat in RUNTIME_CATS and SYNC.search(h.name))
@@ -182,16 +265,21 @@ def cause_at(t: RefTrace, device: int) -> Any:
                   or is_blocking_copy(h)])
     copies = Cover([(h.start, h.end) for h in fh if is_htod_call(h)])
     coll_host = Cover([(h.start, h.end) for h in fh if h.cat not in RUNTIME_CATS and COLL_HOST.search(h.name)])
-    plain, launching = [], []
+    plain, launching, python = [], [], []
     for h in fh:
-        if h.cat in OP_CATS:
-            if launches_inside(h):
+        if h.cat in OP_CATS and not REGION.search(h.name):
+            n = launches_inside(h)
+            if n and own_work(h) <= n * DISPATCH_NS:
                 launching.append((h.start, h.end))
+            elif n:
+                plain += self_spans(h)
             elif h.name not in ("aten::item", "aten::_local_scalar_dense") and not COLL_HOST.search(h.name):
                 plain.append((h.start, h.end))
         elif h.cat in RUNTIME_CATS and not (SYNC.search(h.name) or is_blocking_copy(h) or is_htod_call(h)):
-            launching.append((h.start, h.end))
-    plain_c, launching_c = Cover(plain), Cover(launching)
+            (launching if LAUNCH.search(h.name) or COPY_CALL.search(h.name) else plain).append((h.start, h.end))
+        elif h.cat == "python_function":
+            python.append((h.start, h.end))
+    plain_c, launching_c, python_c = Cover(plain), Cover(launching), Cover(python)
     starts = [o.start for o in compute]
     launch_of = {o.index: by_corr[o.corr] for o in compute if o.corr in by_corr}
 
@@ -208,11 +296,14 @@ def cause_at(t: RefTrace, device: int) -> Any:
             call = launch_of.get(first.index)
             j = bisect.bisect_right(ends, instant)
             g0 = max(lo, ends[j - 1]) if j else lo
-            if call is not None and call.start <= instant < g1 and (call.start >= g0 or g1 - call.start <= 50_000):
-                return "memcpy" if first.htod else "launch_overhead"
+            if call is not None and call.start <= instant < g1 and (call.start >= g0 or g1 - call.start <= QUEUE_NS):
+                returned = call.start if call.thread in feeding and (SYNC.search(call.name) or is_blocking_copy(call)) \
+                    else call.end
+                if instant < returned + QUEUE_NS:
+                    return "memcpy" if first.htod else "launch_overhead"
         for cover, cause in ((loading, "data_loading"), (sync, "host_sync"), (copies, "memcpy"),
                              (coll_host, "communication"), (plain_c, "cpu_compute"),
-                             (launching_c, "launch_overhead")):
+                             (launching_c, "launch_overhead"), (python_c, "cpu_compute")):
             if instant in cover:
                 return cause
         return "unattributed"

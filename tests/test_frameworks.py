@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuidle.advice import frameworks, rules
+from gpuidle.advice import comm_rules, frameworks, rules
 from gpuidle.advice.whatif import Effect, Proposal, placeholder
 from gpuidle.model import Recommendation
 
 
 def _rule_ids() -> set[str]:
-    source = Path(rules.__file__).read_text()
+    source = Path(rules.__file__).read_text() + Path(comm_rules.__file__).read_text()
     return set(re.findall(r'x\.rec\(\s*"(\w+)"', source))
 
 

@@ -59,8 +59,11 @@ def test_item_is_host_sync_and_counted(tmp_path: Path) -> None:
     t.op("aten::_local_scalar_dense", 15, 280)
     t.launch(at=600, call_dur=10, start=700, dur=300)
     r = run(t, tmp_path)
-    # [200,300) inside .item(); [300,600) nothing recorded; [600,700) in flight; [0,5) in flight
-    assert causes_us(r) == {"host_sync": 100, "unattributed": 300, "launch_overhead": 105}
+    # [200,300) inside .item(); [300,600) nothing recorded; [0,5) in flight. The second kernel starts 90 µs
+    # after its 10 µs launch call returned: launching costs the call plus at most 50 µs of queue, so
+    # [600,660) is its launch and [660,700) is waiting on something the trace does not show (this was
+    # 100 µs of launch_overhead before launches were bounded by what they cost)
+    assert causes_us(r) == {"host_sync": 100, "unattributed": 340, "launch_overhead": 65}
     assert r.kernels.item_calls_per_step == 1
 
 
@@ -121,9 +124,11 @@ def test_backward_thread_feeds_the_device(tmp_path: Path) -> None:
     t.op("aten::cpu_side_helper", 250, 100, tid=BWD)  # nested, launches nothing
     t.launch(at=500, call_dur=10, start=600, dur=400, tid=BWD)
     r = run(t, tmp_path)
-    # [200,250) and [350,500) in the launching backward op; [250,350) nested CPU-only op;
-    # [500,600) in flight; [0,10) in flight
-    assert causes_us(r) == {"cpu_compute": 100, "launch_overhead": 310}
+    # The backward thread's work counts. [250,350) nested CPU-only op. The backward op spends 290 µs of its
+    # own host time for one launch, far over the 100 µs dispatching one costs, so its self time [200,250),
+    # [350,500), [560,600) is CPU work (this was launch_overhead before operators were bounded by what their
+    # launches cost). [500,510) the launch call, [510,560) its queue; [0,10) in flight
+    assert causes_us(r) == {"cpu_compute": 340, "launch_overhead": 70}
 
 
 def test_causes_sum_to_idle_per_step(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def test_a_measured_saving_ranks_above_a_larger_assumed_one(tmp_path: Path) -> N
     text = TerminalRenderer().render(report)
     assert "saves 355.0 µs/step, measured" in text
     assert "saves 273.3–410.0 µs/step, modelled" in text
-    assert "assumes fp32 GEMM/conv time shrinks 1.5–2× on the matrix units" in text
+    assert "assumes fp32 GEMM/conv time shrinks 1.5–2× on the tensor cores" in text  # a V100
 
 
 def test_one_path_is_one_input(tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ CUDA_FIXES: dict[str, tuple[str, str]] = {
     ),
 }
 STRAGGLER_LOADER = "its DataLoader workers"
-PYTORCH_ONLY = frozenset({"ddp_no_sync", "ddp_bucket_cap", "comm_compression"})
+PYTORCH_ONLY = frozenset({"ddp_no_sync", "ddp_bucket_cap", "comm_compression", "zero_grad_set_to_none"})
 
 
 def _cuda_evidence(evidence: dict[str, object]) -> dict[str, object]:

@@ -14,6 +14,7 @@ import dataclasses
 import msgspec
 
 from gpuidle.advice.whatif import Proposal
+from gpuidle.model import Workload
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,6 +92,7 @@ TENSORFLOW: dict[str, Wording | None] = {
         "#         bytes_per_pack=50 * 1024 * 1024,\n"
         "#         implementation=tf.distribute.experimental.CommunicationImplementation.NCCL))"),
     "comm_compression": None,
+    "zero_grad_set_to_none": None,
     "nccl_transport": Wording(
         "Large all-reduces reach little bus bandwidth: all-reduce over NCCL, on the fast network",
         "strategy = tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce())\n" + _NCCL),
@@ -167,8 +169,9 @@ JAX: dict[str, Wording | None] = {
         "Many small all-reduces per step: combine them and overlap them with compute",
         "XLA_FLAGS=\"--xla_gpu_enable_latency_hiding_scheduler=true "
         "--xla_gpu_all_reduce_combine_threshold_bytes=134217728\" python train.py"),
+    "zero_grad_set_to_none": None,
     "comm_compression": Wording(
-        "Gradient all-reduce is exposed: reduce gradients in bfloat16",
+        "fp32 gradient all-reduces are exposed: reduce gradients in bfloat16",
         "grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.bfloat16), grads)\n"
         "grads = jax.lax.pmean(grads, axis_name=\"batch\")   # half the bytes on the wire\n"
         "grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), grads)"),
@@ -189,6 +192,42 @@ JAX: dict[str, Wording | None] = {
         "            state, loss = train_step(state, next(batches))\n"
         "    jax.block_until_ready(loss)"),
 }
+
+GRAPH_FIXES: dict[str, tuple[str, str]] = {
+    "eager": (
+        "Launch-bound: capture the step with CUDA graphs (torch.compile mode=\"reduce-overhead\")",
+        "model = torch.compile(model, mode=\"reduce-overhead\")   # fuses kernels and replays CUDA graphs\n"
+        "# static shapes required; or capture by hand: torch.cuda.make_graphed_callables(model, (sample_input,))"),
+    "compiled": (
+        "Launch-bound although compiled: let torch.compile replay CUDA graphs (mode=\"reduce-overhead\")",
+        "model = torch.compile(model, mode=\"reduce-overhead\")   # the default mode still launches each kernel\n"
+        "# graph breaks split the capture: TORCH_LOGS=graph_breaks python serve.py lists them"),
+    "cuda_graphs": (
+        "Launch-bound outside the replayed CUDA graphs: capture the rest of the step",
+        "# the step already replays graphs; the launches left run eagerly between them. Find what stays out:\n"
+        "TORCH_LOGS=graph_breaks,cudagraphs python train.py     # graph breaks and skipped cudagraph captures\n"
+        "# then capture the remaining part: torch.cuda.make_graphed_callables(part, (sample_input,))"),
+    "vllm": (
+        "Launch-bound: run vLLM with CUDA graphs (it runs eagerly now)",
+        "llm = LLM(model=model_name, enforce_eager=False)   # vLLM captures decode steps in CUDA graphs\n"
+        "# server: vllm serve MODEL without --enforce-eager"),
+    "sglang": (
+        "Launch-bound: run SGLang with CUDA graphs (it runs eagerly now)",
+        "python -m sglang.launch_server --model-path MODEL   # without --disable-cuda-graph\n"
+        "# more batch sizes captured: --cuda-graph-max-bs 256"),
+}
+"""The CUDA-graph fix that fits how the program already runs: what to do differs for eager PyTorch, a model
+already under torch.compile, a step that replays graphs, and a serving engine with its own graph mode."""
+
+
+def graph_fix(workload: Workload | None) -> tuple[str, str] | None:
+    """Title and fix for launch overhead, or None where no fix of this kind is left (an engine replaying graphs)."""
+    if workload is None:
+        return GRAPH_FIXES["eager"]
+    if workload.engine is not None:
+        return None if workload.execution == "cuda_graphs" else GRAPH_FIXES[workload.engine]
+    return GRAPH_FIXES[workload.execution]
+
 
 WORDINGS: dict[str, dict[str, Wording | None]] = {"tensorflow": TENSORFLOW, "jax": JAX}
 """Per framework, per rule id; a framework absent here (PyTorch) keeps the rules' own texts."""

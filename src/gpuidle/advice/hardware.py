@@ -1,7 +1,9 @@
 """Which fix applies where: the one table of device generations and what they support.
 
 A device is known by its name and compute capability (Kineto ``deviceProperties``, the
-tracker's ``torch.cuda.get_device_capability``). bf16 autocast pays only where the
+tracker's ``torch.cuda.get_device_capability``), else by the family its kernels were built
+for (``volta_*`` kernels run on sm_70 or later: fp16 tensor cores), else not at all: then
+no claim is made either way. bf16 autocast pays only where the
 matrix units do bf16: NVIDIA sm >= 80 (Ampere, Hopper, Blackwell), AMD CDNA2/CDNA3
 (MI200, MI300). Below, fp16 with ``torch.amp.GradScaler``; without tensor cores (sm < 70)
 no tensor-core speed-up is claimed. Host-timed runs make no device claim at all.
@@ -25,6 +27,8 @@ class Hardware:
     """``cuda``, ``rocm``, ``host`` (host-timed, no device) or ``unknown``."""
     name: str | None
     capability: tuple[int, int] | None
+    from_kernels: str | None = None
+    """The kernel-name family the capability was inferred from (a lower bound), when no property said."""
 
     @property
     def bf16(self) -> bool:
@@ -38,12 +42,17 @@ class Hardware:
 
     @property
     def tensor_cores(self) -> bool | None:
-        """fp16 matrix units present; None: not known (no capability recorded)."""
+        """fp16 matrix units present; None: not known (no capability recorded, or no device known)."""
         if self.platform == CUDA:
             return None if self.capability is None else self.capability >= (7, 0)
         if self.platform == ROCM:
             return None if self.capability is None and not (self.name and _CDNA2_PLUS.search(self.name)) else True
-        return False
+        return False if self.platform == HOST else None
+
+    @property
+    def matrix_units(self) -> str:
+        """The vendor's word: NVIDIA's tensor cores, AMD's matrix cores."""
+        return "matrix cores" if self.platform == ROCM else "tensor cores"
 
     @property
     def smi(self) -> str | None:
@@ -53,6 +62,12 @@ class Hardware:
     @property
     def label(self) -> str:
         sm = f"sm_{self.capability[0]}{self.capability[1]}" if self.capability and self.platform == CUDA else None
+        if self.from_kernels is not None and sm is not None:
+            sm = f"{sm}+ ({self.from_kernels} kernels)"
+        elif self.from_kernels is not None:
+            sm = f"{self.from_kernels} kernels"
+        if self.platform == UNKNOWN:
+            return "hardware unknown"
         return ", ".join(x for x in (self.name, sm) if x) or self.platform
 
 
@@ -67,6 +82,13 @@ _BY_NAME = [
 """NVIDIA names -> compute capability, for traces whose ``deviceProperties`` lack ``computeMajor``."""
 
 
+FAMILY_CAPABILITY = {"maxwell": (5, 0), "pascal": (6, 0), "volta": (7, 0), "turing": (7, 5), "ampere": (8, 0),
+                     "ada": (8, 9), "hopper": (9, 0), "blackwell": (10, 0)}
+"""A kernel built for a family runs there or later: the least compute capability it implies."""
+AMD_FAMILIES = {"cdna": None, "cdna2": (9, 0), "cdna3": (9, 4)}
+"""ROCm families from kernel names (Tensile ``Cijk_``, ``gfx90a``, ``gfx942``); gfx9 is ``9.x``."""
+
+
 def hardware(d: DeviceReport) -> Hardware:
     if d.timing == "host":
         return Hardware(HOST, None, None)
@@ -75,15 +97,26 @@ def hardware(d: DeviceReport) -> Hardware:
         major, _, minor = d.compute_capability.partition(".")
         if major.isdigit() and minor.isdigit():
             cap = (int(major), int(minor))
-    if d.name and _AMD.search(d.name):
-        return Hardware(ROCM, d.name, cap)
+    family = d.kernel_arch
+    if (d.name and _AMD.search(d.name)) or family in AMD_FAMILIES:
+        from_kernels = family if cap is None and family in AMD_FAMILIES else None
+        return Hardware(ROCM, d.name, cap if cap is not None or family is None else AMD_FAMILIES.get(family),
+                        from_kernels)
     if cap is None and d.name:
         cap = next((c for pattern, c in _BY_NAME if pattern.search(d.name)), None)
+    if cap is None and family in FAMILY_CAPABILITY:
+        return Hardware(CUDA, d.name, FAMILY_CAPABILITY[family], family)
     return Hardware(CUDA if (d.name or cap) else UNKNOWN, d.name, cap)
 
 
-def amp_snippet(hw: Hardware) -> str:
-    """The autocast fix that fits the device."""
+def amp_snippet(hw: Hardware, inference: bool = False) -> str:
+    """The autocast fix that fits the device; for inference, no scaler and no backward."""
+    dtype = "bfloat16" if hw.bf16 or hw.platform == UNKNOWN else "float16"
+    if inference:
+        return (f"with torch.inference_mode(), torch.autocast(device_type=\"cuda\", dtype=torch.{dtype}):   # "
+                f"{hw.label}\n"
+                "    out = model(x)\n"
+                f"# or convert once: model = model.to(torch.{dtype})")
     if hw.bf16:
         return ("with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16):   # "
                 f"{hw.label}: bf16 matrix units, no scaler needed\n"

@@ -12,87 +12,15 @@ modules (framework-specific texts) key on them.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import numpy as np
 
-from gpuidle.advice.hardware import Hardware, amp_snippet, hardware
-from gpuidle.advice.whatif import Effect, Proposal, RankState, excess, modelled, placeholder, rank_state
+from gpuidle.advice.comm_rules import exposed_communication
+from gpuidle.advice.frameworks import graph_fix
+from gpuidle.advice.hardware import UNKNOWN, amp_snippet, hardware
+from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _ms, removes, removes_between
+from gpuidle.advice.whatif import Effect, Proposal, excess, placeholder, rank_state
 from gpuidle.analysis.steps import counted
-from gpuidle.model import Cause, DeviceReport, JobReport, RankReport, Recommendation
-
-MIB = 1 << 20
-COMPUTE = "compute"
-"""The ``cause`` of a recommendation that shortens busy time rather than idle time."""
-
-
-@dataclass(frozen=True, slots=True)
-class RuleInput:
-    """One rank's report, its steady-state step, and what the rules keep asking of it."""
-
-    report: RankReport
-    device: DeviceReport
-    """The device with the most busy time: the one the rank trains on."""
-    state: RankState
-    """The mean steady-state step (steps marked ``excluded`` left out)."""
-    steps: int
-    """Steady steps the state is the mean of."""
-    accumulation_repeats: int
-    """How many times the same all-reduce sequence repeats inside a step (1: no repeat)."""
-
-    @property
-    def hw(self) -> Hardware:
-        return hardware(self.device)
-
-    def idle(self, cause: Cause) -> float:
-        """Idle of ``cause`` per steady step, in seconds."""
-        return self.state.idle.get(cause.value, 0.0)
-
-    def share(self, cause: Cause) -> float:
-        return self.idle(cause) / self.state.step_s if self.state.step_s else 0.0
-
-    def per_window_step(self, seconds: float) -> float:
-        """A whole-window figure (kernel totals) per step of the window."""
-        return seconds / max(len(self.report.steps), 1)
-
-    def rec(self, id: str, cause: Cause | str, title: str, evidence: dict[str, object], fix: str,
-            effect: Effect, confidence: str = "high") -> Proposal:
-        evidence = {"device": self.device.device, "steps": self.steps, **evidence}
-        rec = Recommendation(id=id, cause=str(cause), title=title, evidence=evidence, fix=fix,
-                             gain=placeholder(), confidence=confidence, rank=self.report.rank)
-        return Proposal(rec, {self.report.rank: effect})
-
-
-def removes(cause: Cause, seconds: float) -> Effect:
-    """A measured saving: exactly this idle goes."""
-    return Effect(idle={cause.value: seconds})
-
-
-def removes_between(low: float, high: float, idle: dict[Cause, float] | None = None, busy: float = 0.0) -> Effect:
-    """A modelled saving: between ``low`` and ``high`` times these seconds go; the nominal is the middle."""
-    mid = (low + high) / 2
-    effect = Effect(idle={c.value: sec * mid for c, sec in (idle or {}).items()}, busy=busy * mid)
-    return modelled(effect, low / mid, high / mid) if mid > 0 else Effect(reason="no saving at either bound")
-
-
-Rule = Callable[[RuleInput], list[Proposal]]
-LARGE_MESSAGE = 16 * MIB
-COMPRESSIBLE_MESSAGE = 1 * MIB
-"""Below this an all-reduce is latency-bound (NCCL's ring: tens of µs of latency against 100+ GB/s, the
-crossover near 1-2 MiB): halving its bytes saves little; fewer, larger buckets help instead."""
-CALL_LATENCY_S = 10e-6
-"""A collective call's latency, at least: NCCL's small-message all-reduce on NVLink or InfiniBand
-(nccl-tests, 8 B) takes tens of µs; 10 µs is the low end."""
-LOW_BUSBW_GBPS = 10.0
-"""Below this, a large all-reduce is not on NVLink or InfiniBand-class bandwidth."""
-MIN_SHARE = 0.03
-"""A cause below 3 % of the window is not worth a recommendation."""
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1e3, 3)
+from gpuidle.model import Cause, JobReport, RankReport, Recommendation
 
 
 def dataloader_workers(x: RuleInput) -> list[Proposal]:
@@ -123,6 +51,7 @@ def remove_host_sync(x: RuleInput) -> list[Proposal]:
         "Stop synchronizing with the GPU every step (.item(), .cpu(), torch.cuda.synchronize())",
         {"host_sync_ms_per_step": _ms(x.idle(Cause.HOST_SYNC)),
          "sync_calls_per_step": round(k.syncs_per_step, 2), "item_calls_per_step": round(k.item_calls_per_step, 2)},
+        INFERENCE_SYNC if x.inference else
         "# find the syncs: warns at every synchronizing call\n"
         "torch.cuda.set_sync_debug_mode(\"warn\")\n"
         "# keep running metrics on the GPU and read them rarely\n"
@@ -131,6 +60,16 @@ def remove_host_sync(x: RuleInput) -> list[Proposal]:
         "    print(running_loss.item() / 100); running_loss.zero_()",
         removes(Cause.HOST_SYNC, x.idle(Cause.HOST_SYNC)),
     )]
+
+
+INFERENCE_SYNC = (
+    "# find the syncs: warns at every synchronizing call\n"
+    "torch.cuda.set_sync_debug_mode(\"warn\")\n"
+    "# read results back once per batch of requests, into pinned memory, and overlap the copy:\n"
+    "out_host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)\n"
+    "out_host.copy_(out, non_blocking=True)\n"
+    "done = torch.cuda.Event(); done.record()   # launch the next batch here, then done.synchronize()"
+)
 
 
 def pinned_memory(x: RuleInput) -> list[Proposal]:
@@ -157,21 +96,50 @@ GRAPH_LOW, GRAPH_HIGH = 0.5, 1.0
 
 
 def cuda_graphs(x: RuleInput) -> list[Proposal]:
+    """Launch overhead beyond the zero_grad fills, with the fix for the program's execution mode."""
     k = x.report.kernels
-    if x.share(Cause.LAUNCH_OVERHEAD) < 0.10:
+    zero_grad = x.mean_step(lambda s: s.zero_grad_launch_s)
+    launch = max(0.0, x.idle(Cause.LAUNCH_OVERHEAD) - zero_grad)
+    if not x.state.step_s or launch / x.state.step_s < 0.10:
+        return []
+    wording = graph_fix(x.report.workload)
+    if wording is None:
+        return []
+    title, fix = wording
+    ev = x.report.host_events or {}
+    kernels = x.per_window_step(k.count)
+    known = ev.get("runtime_calls", 0) > 0 and k.median_launch_us is not None
+    evidence: dict[str, object] = {
+        "launch_overhead_ms_per_step": _ms(launch), "kernels_per_step": round(kernels, 1),
+        "short_kernel_share": round(k.short_kernel_share, 3),
+        "median_launch_us": None if k.median_launch_us is None else round(k.median_launch_us, 2),
+        "launch_calls_ms_per_step": _ms(x.per_window_step(ev.get("launch_call_us", 0) / 1e6)) if known else None,
+        "launch_bound": "kernels x median launch call + 100 µs of dispatch each" if known else "unknown",
+        "assumption": f"graph replay removes {GRAPH_LOW * 100:.0f}–{GRAPH_HIGH * 100:.0f} % of the launch gaps "
+                      "(graph breaks and dynamic shapes leave part of the step eager)",
+    }
+    if not known:
+        evidence["caveat"] = "the trace records no runtime calls: what launching costs is unknown"
+    if x.report.workload is not None:
+        evidence["execution"] = x.report.workload.execution
+    return [x.rec("cuda_graphs", Cause.LAUNCH_OVERHEAD, title, evidence, fix,
+                  removes_between(GRAPH_LOW, GRAPH_HIGH, {Cause.LAUNCH_OVERHEAD: launch}),
+                  confidence="medium" if known else "low")]
+
+
+def zero_grad_set_to_none(x: RuleInput) -> list[Proposal]:
+    """Per-parameter fills launched by ``zero_grad()``: one kernel per parameter, gone with ``set_to_none``."""
+    zero_grad = x.mean_step(lambda s: s.zero_grad_launch_s)
+    if not x.state.step_s or zero_grad / x.state.step_s < MIN_SHARE:
         return []
     return [x.rec(
-        "cuda_graphs", Cause.LAUNCH_OVERHEAD,
-        "Launch-bound: capture the step with CUDA graphs (torch.compile mode=\"reduce-overhead\")",
-        {"launch_overhead_ms_per_step": _ms(x.idle(Cause.LAUNCH_OVERHEAD)),
-         "kernels_per_step": round(x.per_window_step(k.count), 1), "short_kernel_share": round(k.short_kernel_share, 3),
-         "median_launch_us": None if k.median_launch_us is None else round(k.median_launch_us, 2),
-         "assumption": f"graph replay removes {GRAPH_LOW * 100:.0f}–{GRAPH_HIGH * 100:.0f} % of the launch gaps "
-                       "(graph breaks and dynamic shapes leave part of the step eager)"},
-        "model = torch.compile(model, mode=\"reduce-overhead\")   # fuses kernels and replays CUDA graphs\n"
-        "# static shapes required; or capture by hand: torch.cuda.make_graphed_callables(model, (sample_input,))",
-        removes_between(GRAPH_LOW, GRAPH_HIGH, {Cause.LAUNCH_OVERHEAD: x.idle(Cause.LAUNCH_OVERHEAD)}),
-        confidence="medium",
+        "zero_grad_set_to_none", Cause.LAUNCH_OVERHEAD,
+        "zero_grad() launches a fill per parameter: set gradients to None instead",
+        {"zero_grad_launch_ms_per_step": _ms(zero_grad),
+         "launch_overhead_ms_per_step": _ms(x.idle(Cause.LAUNCH_OVERHEAD))},
+        "optimizer.zero_grad(set_to_none=True)   # the default since PyTorch 2.0; no kernel per parameter\n"
+        "# a loop of p.grad.zero_() or model.zero_grad(set_to_none=False) does the same per-parameter fills",
+        Effect(idle={Cause.LAUNCH_OVERHEAD.value: zero_grad}, part="zero_grad"),
     )]
 
 
@@ -180,15 +148,22 @@ def larger_batch(x: RuleInput) -> list[Proposal]:
     starved = x.share(Cause.LAUNCH_OVERHEAD) + x.share(Cause.CPU_COMPUTE)
     if k.short_kernel_share < 0.5 or starved < 0.2:
         return []
+    if x.inference:
+        title = "Tiny kernels starve the GPU: serve more requests per forward pass (a larger batch)"
+        fix = ("# batch requests together: twice the rows per forward pass, the same launches\n"
+               "outputs = model(torch.cat(requests))      # or raise the server's max batch size")
+    else:
+        title = "Tiny kernels starve the GPU: double the per-GPU batch (scale the learning rate with it)"
+        fix = ("batch_size = 2 * batch_size\n"
+               "lr = base_lr * batch_size / base_batch_size      "
+               "# linear scaling rule (SGD); sqrt scaling for Adam-type\n"
+               "# out of memory? keep the per-GPU batch and accumulate k micro-batches per optimizer step\n"
+               "# (under model.no_sync() for all but the last one with DDP)")
     return [x.rec(
-        "larger_batch", Cause.LAUNCH_OVERHEAD,
-        "Tiny kernels starve the GPU: double the per-GPU batch (scale the learning rate with it)",
+        "larger_batch", Cause.LAUNCH_OVERHEAD, title,
         {"short_kernel_share": round(k.short_kernel_share, 3), "launch_plus_cpu_share": round(starved, 3),
          "assumption": "2x batch: host time per sample falls by a quarter to a half, and so does this idle"},
-        "batch_size = 2 * batch_size\n"
-        "lr = base_lr * batch_size / base_batch_size      # linear scaling rule (SGD); sqrt scaling for Adam-type\n"
-        "# out of memory? keep the per-GPU batch and accumulate k micro-batches per optimizer step\n"
-        "# (under model.no_sync() for all but the last one with DDP)",
+        fix,
         removes_between(0.25, 0.5, {Cause.LAUNCH_OVERHEAD: x.idle(Cause.LAUNCH_OVERHEAD),
                                     Cause.CPU_COMPUTE: x.idle(Cause.CPU_COMPUTE)}), confidence="low",
     )]
@@ -197,13 +172,21 @@ def larger_batch(x: RuleInput) -> list[Proposal]:
 def cpu_work(x: RuleInput) -> list[Proposal]:
     if x.share(Cause.CPU_COMPUTE) < 0.10:
         return []
+    evidence: dict[str, object] = {"cpu_compute_ms_per_step": _ms(x.idle(Cause.CPU_COMPUTE))}
+    if x.report.python_hotspots:
+        evidence["python_at_idle_ms"] = {h.function[:120]: _ms(x.per_window_step(h.idle_s))
+                                         for h in x.report.python_hotspots}
+    locate = ("# where: the Python functions in the evidence (from the trace's stacks)" if x.python_stacks else
+              "# locate it: torch.profiler.profile(..., with_stack=True) and sort by self CPU time")
+    where = ("# move pre- and post-processing off the serving thread (a worker pool), batch it on the GPU\n"
+             if x.inference else
+             "# move per-sample preprocessing into Dataset.__getitem__ (runs in DataLoader workers)\n")
     return [x.rec(
         "move_cpu_work", Cause.CPU_COMPUTE,
-        "Host-side operators that launch nothing hold the GPU back",
-        {"cpu_compute_ms_per_step": _ms(x.idle(Cause.CPU_COMPUTE))},
-        "# move per-sample preprocessing into Dataset.__getitem__ (runs in DataLoader workers)\n"
-        "# and fuse Python-level tensor code: model = torch.compile(model)\n"
-        "# locate it: torch.profiler.profile(..., with_stack=True) and sort by self CPU time",
+        "Host-side work that launches nothing holds the GPU back",
+        evidence,
+        where + ("" if x.report.workload is not None and x.report.workload.engine else
+                 "# and fuse Python-level tensor code: model = torch.compile(model)\n") + locate,
         removes(Cause.CPU_COMPUTE, x.idle(Cause.CPU_COMPUTE)),
     )]
 
@@ -225,17 +208,19 @@ def mixed_precision(x: RuleInput) -> list[Proposal]:
         "reduced_precision_share_of_gemm": round(k.reduced_precision_gemm_share, 3),
         "fp32_gemm_ms_per_step": _ms(fp32_gemm_s), "hardware": hw.label, "dtype": "bf16" if hw.bf16 else "fp16",
     }
+    units = hw.matrix_units
     if hw.tensor_cores is False:
-        effect = Effect(reason=f"{hw.label} has no tensor cores: fp16 halves memory traffic, "
+        effect = Effect(reason=f"{hw.label} has no {units}: fp16 halves memory traffic, "
                                "but the GEMM speed-up cannot be estimated")
     else:
-        evidence["assumption"] = (
-            f"fp32 GEMM/conv time shrinks {AMP_SPEEDUP_LOW:g}–{AMP_SPEEDUP_HIGH:g}× on the matrix units" + (
-                "; the trace records no compute capability: tensor cores assumed" if hw.tensor_cores is None else ""))
+        speedup = f"{AMP_SPEEDUP_LOW:g}–{AMP_SPEEDUP_HIGH:g}×"
+        evidence["assumption"] = f"fp32 GEMM/conv time shrinks {speedup} on the {units}" + (
+            "; hardware unknown: precision advice assumes a tensor-core GPU" if hw.platform == UNKNOWN else
+            f"; the trace records no compute capability: {units} assumed" if hw.tensor_cores is None else "")
         effect = removes_between(1 - 1 / AMP_SPEEDUP_LOW, 1 - 1 / AMP_SPEEDUP_HIGH, busy=fp32_gemm_s)
     return [x.rec(
         "mixed_precision", COMPUTE, "GEMMs/convolutions run in fp32: use mixed precision (torch.autocast)",
-        evidence, amp_snippet(hw), effect, confidence="medium" if hw.tensor_cores else "low",
+        evidence, amp_snippet(hw, x.inference), effect, confidence="medium" if hw.tensor_cores else "low",
     )]
 
 
@@ -294,8 +279,17 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
             missing.append(f"{ev['graph_or_driver_launches']} launches through CUDA graphs or the driver API: "
                            "their kernels have no operator")
         if not missing:
-            missing.append("the host is between operators (Python, or a thread the trace does not record)")
+            missing.append("the host is between operators and outside the recorded Python frames (another thread, "
+                           "the GIL, or a process the trace does not record)" if x.python_stacks else
+                           "the host is between operators (Python, or a thread the trace does not record)")
         fix = PROFILE_ARGS
+        if x.python_stacks:  # asked for what is there: say so and do not ask again
+            fix = fix.replace("    with_stack=True,           # Python stacks of the operators: where the host "
+                              "time goes\n", "")
+            missing.append(f"{ev['python_functions']} Python frames recorded (with_stack is on)")
+        if x.inference:
+            fix = fix.replace("    for batch in loader:\n        train_step(batch)\n",
+                              "    for batch in requests:\n        model(batch)\n")
     return [x.rec(
         "record_cpu_activity", Cause.UNATTRIBUTED,
         "The trace cannot explain most of the idle time: record host activity with it",
@@ -305,119 +299,15 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
     )]
 
 
-def exposed_communication(x: RuleInput) -> list[Proposal]:
-    """DDP tuning when collectives run with no compute beside them (sharded jobs: ``advice.sharded``)."""
-    comm = x.report.communication
-    if x.share(Cause.COMMUNICATION) < MIN_SHARE:
-        return []
-    out: list[Proposal] = []
-    if comm.parallelism != "ddp":
-        return _transport(x, out)
-    reduces = [c for c in comm.collectives if c.collective == "all_reduce"]
-    count = x.per_window_step(sum(c.count for c in reduces))
-    nbytes = x.per_window_step(sum(c.bytes for c in reduces))
-    exposed = x.idle(Cause.COMMUNICATION)
-    if x.accumulation_repeats > 1:
-        out.append(x.rec(
-            "ddp_no_sync", Cause.COMMUNICATION,
-            f"Gradients are all-reduced on each of {x.accumulation_repeats} micro-batches: skip all but the last",
-            {"all_reduce_repeats_per_step": x.accumulation_repeats,
-             "exposed_comm_ms_per_step": _ms(exposed)},
-            "for i, batch in enumerate(micro_batches):\n"
-            "    ctx = model.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext()\n"
-            "    with ctx:\n"
-            "        model(batch).backward()\n"
-            "optimizer.step()",
-            removes(Cause.COMMUNICATION, exposed * (1 - 1 / x.accumulation_repeats)), confidence="medium",
-        ))
-    if count >= 8 and nbytes > 0:
-        cap = max(25, math.ceil(nbytes / 4 / MIB))
-        out.append(x.rec(
-            "ddp_bucket_cap", Cause.COMMUNICATION,
-            f"{count:.0f} all-reduces per step: fewer, larger buckets (bucket_cap_mb={cap})",
-            {"all_reduces_per_step": round(count, 1), "all_reduce_mib_per_step": round(nbytes / MIB, 2),
-             "exposed_comm_ms_per_step": _ms(exposed),
-             "assumption": f"about 4 buckets per step: each all-reduce call fewer saves at least "
-                           f"{CALL_LATENCY_S * 1e6:.0f} µs of latency, at most the exposed communication goes"},
-            f"model = torch.nn.parallel.DistributedDataParallel(\n"
-            f"    model, device_ids=[local_rank],\n"
-            f"    bucket_cap_mb={cap},             # default 25\n"
-            f"    gradient_as_bucket_view=True,   # no copy between gradients and buckets\n"
-            f"    static_graph=True,              # if the used parameters never change between steps\n"
-            f")",
-            removes_between(min(1.0, (count - 4) * CALL_LATENCY_S / exposed), 1.0,
-                            {Cause.COMMUNICATION: exposed}), confidence="medium",
-        ))
-    sized = [c for c in reduces if c.busbw_gbps is not None]
-    message = sum(c.bytes for c in reduces) / max(1, sum(c.count for c in reduces))
-    if message >= COMPRESSIBLE_MESSAGE:  # the tracker knows the bytes, not the bandwidth: sized may be empty
-        worst = min(sized, key=lambda c: c.busbw_gbps or 0.0) if sized else None
-        out.append(x.rec(
-            "comm_compression", Cause.COMMUNICATION,
-            "Gradient all-reduce is exposed: compress gradients before it",
-            {"exposed_comm_ms_per_step": _ms(exposed),
-             "mean_message_mib": round(message / MIB, 2),
-             "overlap_ratio": None if comm.overlap_ratio is None else round(comm.overlap_ratio, 3),
-             "all_reduce_busbw_gbps": round(worst.busbw_gbps or 0.0, 2) if worst else None,
-             "assumption": "bf16 halves the bytes on the wire: a quarter (half the time is latency) "
-                           "to half of the exposed time"},
-            "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
-            "model.register_comm_hook(state=None, hook=default_hooks.bf16_compress_hook)  # or fp16_compress_hook\n"
-            "# stronger: from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD\n"
-            "#   state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1,\n"
-            "#                                  start_powerSGD_iter=1_000)\n"
-            "#   model.register_comm_hook(state, powerSGD.powerSGD_hook)",
-            removes_between(0.25, 0.5, {Cause.COMMUNICATION: exposed}), confidence="medium",
-        ))
-    busy = x.device.busy_s
-    if x.report.communication.comm_s >= busy > 0:
-        out.append(x.rec(
-            "comm_bound_batch", Cause.COMMUNICATION,
-            "Communication takes as long as compute: more work per all-reduce",
-            {"comm_s": round(comm.comm_s, 6), "compute_busy_s": round(busy, 6),
-             "assumption": "k× the work per all-reduce: none to half of the exposed time per sample goes"},
-            "# raise the per-GPU batch (scale lr linearly), or accumulate k micro-batches per optimizer step\n"
-            "# under model.no_sync() so gradients are all-reduced once per k",
-            removes_between(0.0, 0.5, {Cause.COMMUNICATION: exposed}), confidence="low",
-        ))
-    return _transport(x, out)
-
-
-def _transport(x: RuleInput, out: list[Proposal]) -> list[Proposal]:
-    """Any style: large all-reduces far below a fast link's bandwidth point at NCCL's transport."""
-    exposed = x.idle(Cause.COMMUNICATION)
-    sized = [c for c in x.report.communication.collectives if c.busbw_gbps is not None and c.collective == "all_reduce"]
-    large = [c for c in sized if c.count and c.bytes / c.count >= LARGE_MESSAGE
-             and (c.busbw_gbps or 0.0) < LOW_BUSBW_GBPS]
-    if large:
-        c = large[0]
-        out.append(x.rec(
-            "nccl_transport", Cause.COMMUNICATION,
-            f"Large all-reduces reach only {c.busbw_gbps or 0.0:.1f} GB/s bus bandwidth: check the NCCL transport",
-            {"all_reduce_busbw_gbps": round(c.busbw_gbps or 0.0, 2),
-             "mean_message_mib": round(c.bytes / c.count / MIB, 1),
-             "caveat": "kernel time includes waiting for other ranks; "
-                       "measure the link itself with gpuidle bench allreduce",
-             "assumption": "a transport at its link's speed takes none to half of the exposed time away"},
-            "# which transport does NCCL pick? (debug output: not for production runs)\n"
-            "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET torchrun ...   # look for 'via NET/Socket' vs 'NET/IB'\n"
-            "# pin NCCL to the fast interface and make sure InfiniBand is not disabled\n"
-            "export NCCL_SOCKET_IFNAME=ib0        # or your high-speed Ethernet interface, e.g. ens5\n"
-            "export NCCL_IB_DISABLE=0",
-            removes_between(0.0, 0.5, {Cause.COMMUNICATION: exposed}), confidence="low",
-        ))
-    return out
-
-
 RULES: list[Rule] = [
-    dataloader_workers, remove_host_sync, pinned_memory, cuda_graphs, larger_batch, cpu_work,
+    dataloader_workers, remove_host_sync, pinned_memory, cuda_graphs, zero_grad_set_to_none, larger_batch, cpu_work,
     mixed_precision, cudnn_benchmark, exposed_communication, explain_unattributed,
 ]
 
 
 def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rule] | None = None,
               include_all: bool = False) -> list[Proposal]:
-    """Every rule's proposals for one rank, on its steady-state step (all steps with ``include_all``);
+    """Every rule's proposals for one rank, on its steady-state step (all steps with ``include_all``):
     by default :data:`RULES` and the sharded data-parallel rules (``advice.sharded``, built on :class:`RuleInput`)."""
     from gpuidle.advice.sharded import SHARDED_RULES
 
@@ -425,7 +315,7 @@ def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rul
         return []
     rules = rules if rules is not None else [*RULES, *SHARDED_RULES]
     x = RuleInput(report, report.primary(), rank_state(report, include_all),
-                  len(counted(report.steps, include_all)), accumulation_repeats)
+                  len(counted(report.steps, include_all)), accumulation_repeats, include_all)
     return [p for rule in rules for p in rule(x)]
 
 

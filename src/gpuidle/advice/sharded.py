@@ -11,7 +11,8 @@ DDP's own fixes stay in :func:`gpuidle.advice.rules.exposed_communication`, for 
 
 from __future__ import annotations
 
-from gpuidle.advice.rules import COMPRESSIBLE_MESSAGE, LOW_BUSBW_GBPS, MIB, MIN_SHARE, Rule, RuleInput, _ms
+from gpuidle.advice.comm_rules import COMPRESSIBLE_MESSAGE, LOW_BUSBW_GBPS
+from gpuidle.advice.ruleinput import MIB, MIN_SHARE, Rule, RuleInput, _ms
 from gpuidle.advice.whatif import Effect, Proposal, modelled
 from gpuidle.model import Cause, CommRole
 

@@ -62,6 +62,8 @@ class Effect:
     low: float = 1.0
     high: float = 1.0
     part: str | None = None
+    """The idle removed is a named part of its cause's idle (a collective's role; ``zero_grad``: the launches
+    of per-parameter fills): it shares no pool with fixes that claim the rest of that cause."""
 
     def at(self, bound: Bound) -> Effect:
         f = {"low": self.low, "nominal": 1.0, "high": self.high}[bound]

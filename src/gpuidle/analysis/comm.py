@@ -32,6 +32,19 @@ _CANONICAL = [
     (re.compile(r"barrier", re.I), "barrier"),
     (re.compile(r"send|recv", re.I), "send_recv"),
 ]
+_DTYPES = [
+    (re.compile(r"^(b?float16|bf16|c10::bfloat16)$|bfloat|_bf16", re.I), "bfloat16"),
+    (re.compile(r"^(half|float16|f16|c10::half)$|_f16\b|_half\b|_fp16", re.I), "float16"),
+    (re.compile(r"^(float|float32|f32)$|_f32\b|_float\b", re.I), "float32"),
+    (re.compile(r"^(double|float64|f64)$|_f64\b|_double\b", re.I), "float64"),
+    (re.compile(r"^(char|signed char|int8|int8_t)$|_i8\b|_int8_t\b", re.I), "int8"),
+    (re.compile(r"^(byte|unsigned char|uint8|uint8_t|bool)$|_u8\b|_uint8_t\b", re.I), "uint8"),
+    (re.compile(r"^(int|int32|int32_t)$|_i32\b|_int32_t\b", re.I), "int32"),
+    (re.compile(r"^(long|long int|int64|int64_t)$|_i64\b|_int64_t\b", re.I), "int64"),
+    (re.compile(r"float8|fp8|e4m3|e5m2", re.I), "float8"),
+]
+"""Element types as traces spell them (``record_param_comms``' ``Float``/``BFloat16``/``Byte``, ``Input type``,
+the ``_bf16``/``_f32``/``_int8_t`` of NCCL kernel names), one spelling each."""
 SIZE_BUCKETS = [(1 << 10, "<1KiB"), (64 << 10, "1KiB-64KiB"), (1 << 20, "64KiB-1MiB"),
                 (16 << 20, "1MiB-16MiB"), (256 << 20, "16MiB-256MiB"), (1 << 62, ">=256MiB")]
 
@@ -52,6 +65,14 @@ def bus_factor(collective: str, n: int) -> float:
     if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     return 1.0
+
+
+def canonical_dtype(name: str) -> str:
+    """``float32``, ``bfloat16``, ``int8``...; ``unknown`` where the name says none."""
+    for pattern, canon in _DTYPES:
+        if pattern.search(name.strip()):
+            return canon
+    return "unknown"
 
 
 def size_bucket(nbytes: int) -> str:
@@ -77,6 +98,8 @@ class Collectives:
     group_size: np.ndarray
     step: np.ndarray
     """Step index of the launch (or start) inside the window."""
+    dtype: list[str]
+    """Element type on the wire (:func:`canonical_dtype`): the call's, else the kernel name's."""
 
 
 def find_collectives(tl: Timeline, window: StepWindow, launchers: I64) -> Collectives:
@@ -84,6 +107,7 @@ def find_collectives(tl: Timeline, window: StepWindow, launchers: I64) -> Collec
     rows = np.flatnonzero((ops.kind == DeviceOpKind.COLLECTIVE) & (ops.start < window.end) & (ops.end > window.start))
     rows = rows[np.argsort(ops.start[rows], kind="stable")]
     kinds = [canonical_collective(_kernel_op(tl.strings[int(n)])) for n in ops.name[rows]]
+    dtypes = [canonical_dtype(tl.strings[int(n)]) for n in ops.name[rows]]
     groups = [""] * rows.size
     nbytes = np.full(rows.size, -1, dtype=np.int64)
     gsize = np.full(rows.size, -1, dtype=np.int32)
@@ -94,13 +118,16 @@ def find_collectives(tl: Timeline, window: StepWindow, launchers: I64) -> Collec
         if calls.collective[c]:
             kinds[i] = canonical_collective(calls.collective[c])
         groups[i] = calls.process_group[c]
+        if c < len(calls.dtype) and canonical_dtype(calls.dtype[c]) != "unknown":
+            dtypes[i] = canonical_dtype(calls.dtype[c])
         nbytes[i] = max(calls.in_bytes[c], calls.out_bytes[c])
         gsize[i] = calls.group_size[c]
     default_n = tl.meta.world_size or -1
     gsize = np.where(gsize > 0, gsize, default_n).astype(np.int32)
     when = np.where(launchers[rows] >= 0, host.start[np.maximum(launchers[rows], 0)], ops.start[rows])
     step = np.clip(np.searchsorted(window.bounds, when, side="right") - 1, 0, window.bounds.size - 2)
-    return Collectives(rows, ops.device[rows], ops.start[rows], ops.end[rows], kinds, groups, nbytes, gsize, step)
+    return Collectives(rows, ops.device[rows], ops.start[rows], ops.end[rows], kinds, groups, nbytes, gsize, step,
+                       dtypes)
 
 
 def _kernel_op(kernel: str) -> str:
@@ -142,11 +169,11 @@ def comm_report(tl: Timeline, window: StepWindow, devices: list[DeviceIdle], col
     exposed_ns = comm_ns - overlap_ns
     dur = coll.end - coll.start
     buckets = [size_bucket(int(b)) if b > 0 else "unknown" for b in coll.nbytes]
-    groups: dict[tuple[str, str, str], list[int]] = {}
-    for i, key in enumerate(zip(coll.collective, coll.process_group, buckets, strict=True)):
+    groups: dict[tuple[str, str, str, str], list[int]] = {}
+    for i, key in enumerate(zip(coll.collective, coll.process_group, buckets, coll.dtype, strict=True)):
         groups.setdefault(key, []).append(i)
     out: list[CollectiveStat] = []
-    for (k, g, bucket), rows in groups.items():
+    for (k, g, bucket, dtype), rows in groups.items():
         idx = np.array(rows)
         sized = idx[coll.nbytes[idx] > 0]
         nbytes, timed = int(coll.nbytes[sized].sum()), int(dur[sized].sum())
@@ -155,7 +182,7 @@ def comm_report(tl: Timeline, window: StepWindow, devices: list[DeviceIdle], col
         out.append(CollectiveStat(
             collective=k, process_group=g, size_bucket=bucket, count=idx.size, total_s=int(dur[idx].sum()) / 1e9,
             bytes=nbytes, algbw_gbps=algbw,
-            busbw_gbps=algbw * bus_factor(k, n) if (algbw is not None and n > 0) else None,
+            busbw_gbps=algbw * bus_factor(k, n) if (algbw is not None and n > 0) else None, dtype=dtype,
         ))
     out.sort(key=lambda c: -c.total_s)
     hist: dict[str, int] = {}
@@ -171,3 +198,28 @@ def comm_report(tl: Timeline, window: StepWindow, devices: list[DeviceIdle], col
         per_step_count=len(coll.op) / max(len(window.steps), 1),
         size_histogram=hist,
     )
+
+
+def exposed_by_collective(coll: Collectives, device: int, seg: tuple[I64, I64], bounds: I64) -> list[dict[str, float]]:
+    """Per step, the exposed-communication segments ``seg`` split by the collective running
+    (``kind:dtype``); where several run at once, the first in name order gets the time (rare: collectives of
+    one process group run one at a time)."""
+    n_steps = bounds.size - 1
+    out: list[dict[str, float]] = [{} for _ in range(n_steps)]
+    on = np.flatnonzero(coll.device == device)
+    if on.size == 0 or seg[0].size == 0:
+        return out
+    keys = sorted({f"{coll.collective[i]}:{coll.dtype[i]}" for i in on})
+    layers = []
+    for key in keys:
+        sel = np.array([i for i in on if f"{coll.collective[i]}:{coll.dtype[i]}" == key], dtype=np.int64)
+        layers.append(iv.union(coll.start[sel], coll.end[sel]))
+    s, e, label = iv.label_segments(iv.union(*seg), layers, extra_points=bounds)
+    step = np.clip(np.searchsorted(bounds, s, side="right") - 1, 0, n_steps - 1)
+    for k, key in enumerate(keys):
+        hit = label == k
+        if hit.any():
+            sums = np.bincount(step[hit], weights=(e - s)[hit], minlength=n_steps)
+            for i in np.flatnonzero(sums):
+                out[int(i)][key] = float(sums[i]) / 1e9
+    return out

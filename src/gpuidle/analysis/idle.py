@@ -5,31 +5,42 @@ A collective (NCCL/RCCL) kernel is not compute: where one runs with no compute
 beside it, the device is idle waiting on the network, and that time is charged to
 ``communication`` (or ``straggler_wait`` where a cross-rank analysis says the
 collective was waiting for a late rank). ``active`` is the union of all device work,
-collectives included, which is what nvidia-smi's utilization counts.
+collectives included, which is what nvidia-smi counts.
 
-Each idle interval is split by what was going on at that moment, the first matching
-layer winning:
+Idle under a one-time start-up cost (``analysis.startup``: context creation, module
+loading, first allocations, stream creation, compilation) is set apart first: it is in
+no cause and no step. Each other idle interval is split by what was going on at that
+moment, the first matching layer winning:
 
 1. ``straggler_wait`` then ``communication``: a collective kernel is running.
-2. The launch in flight: the op that ends the gap was launched during the gap (or
-   just before it, when the gap is no longer than a launch takes, 50 µs), so the rest
-   of the gap is launch latency (``launch_overhead``; ``memcpy`` when the op is a
-   host-to-device copy being staged).
+2. The launch in flight: the op that ends the gap was launched during the gap (or just
+   before it, when the gap is no longer than a launch takes), and launching costs the
+   launch call itself plus the queue to the device, at most :data:`MAX_LAUNCH_LATENCY_NS`
+   after the call returns (``launch_overhead``; ``memcpy`` for a host-to-device copy being
+   staged). Whatever the op waits longer for (an event, a blocking copy, another stream)
+   is not its launch: the host layers below decide.
 3. ``data_loading``: a host thread is inside a DataLoader ``__next__`` (or a range named
    like data loading, or a file read traced by Nsight's OS runtime trace).
-4. ``host_sync``: a feeding thread is blocked in a synchronize call, a synchronous
-   copy, or ``aten::item``/``_local_scalar_dense``.
+4. ``host_sync``: a feeding thread is blocked in a synchronize call, a blocking copy (a
+   synchronous copy call, a copy to pageable memory, or any copy call that lasts longer
+   than enqueuing one can), or ``aten::item``/``_local_scalar_dense``.
 5. ``memcpy``: a feeding thread is inside a host-to-device copy call (pageable memory
    makes it a staged, blocking copy).
 6. ``communication``: a feeding thread is inside a host-side collective call.
-7. ``cpu_compute``: a feeding thread is inside an operator that launches nothing.
-8. ``launch_overhead``: a feeding thread is inside an operator that launches device
-   work, or inside any other runtime call.
-9. ``unattributed``: none of these (e.g. Python between operators).
+7. ``cpu_compute``: a feeding thread is inside an operator that launches nothing, a
+   runtime call that launches nothing, or the self time of an operator that spends far
+   more host time than its launches cost (``analysis.hostwork``).
+8. ``launch_overhead``: a feeding thread is inside a launch call or an operator that
+   issues launches and costs no more than dispatching them. Phase annotations
+   (``ProfilerStep#N``, ``Optimizer.zero_grad#…``, a ``Torch-Compiled Region``, ``## … ##``
+   ranges) never count as operators, even where an old trace files them as ``Operator``.
+9. ``cpu_compute``: a feeding thread is inside a Python function (``with_stack=True``
+   traces) with no operator running.
+10. ``unattributed``: none of these.
 
 *Feeding threads* are the host threads whose runtime calls launched work on the
-device, and those that hand work to them (``Timeline.handoffs``). The causes tile
-the idle time exactly; :meth:`DeviceIdle.self_check` proves it.
+device, and those that hand work to them (``Timeline.handoffs``). The causes and the
+start-up idle tile the idle time exactly; :meth:`DeviceIdle.self_check` proves it.
 """
 
 from __future__ import annotations
@@ -39,13 +50,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.hostwork import DISPATCH_BUDGET_NS, innermost, launches_inside, runtime_inside, self_time
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import CAUSES, HTOD_KINDS, I64, Cause, CopyKind, DeviceOpKind, HostKind, Timeline
 
 CAUSE_INDEX = {c: i for i, c in enumerate(CAUSES)}
 MAX_LAUNCH_LATENCY_NS = 50_000
-"""Longest gap still charged to a launch issued before the gap began (launches take 5-20 µs)."""
+"""The queue: longest a launched op may take to start once its launch call has returned, and the longest gap
+still charged to a launch issued before the gap began (launches take 5-20 µs)."""
+STARTUP_LABEL = len(CAUSES)
+"""The label of idle segments under start-up costs: past the causes, counted apart."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +79,12 @@ class DeviceIdle:
     """Busy ns per step."""
     step_idle: I64
     """Idle ns per step and cause: shape ``(steps, len(CAUSES))``."""
+    step_startup: I64
+    """Idle ns per step under start-up costs (in no cause)."""
+    step_zero_grad: I64
+    """``launch_overhead`` ns per step under ``Optimizer.zero_grad`` ranges."""
+    python: tuple[I64, I64, I64]
+    """Idle segments charged to Python functions: ``(start, end, host row of the innermost function)``."""
 
     @property
     def window_ns(self) -> int:
@@ -75,7 +96,12 @@ class DeviceIdle:
 
     @property
     def idle_ns(self) -> int:
-        return self.window_ns - self.busy_ns
+        """Idle in some cause: the window less busy time and start-up idle."""
+        return self.window_ns - self.busy_ns - self.startup_ns
+
+    @property
+    def startup_ns(self) -> int:
+        return int(self.step_startup.sum())
 
     def idle_by_cause(self) -> dict[Cause, int]:
         sums = self.step_idle.sum(axis=0)
@@ -85,9 +111,11 @@ class DeviceIdle:
         """Busy + every cause = window, overall and per step; causes tile idle exactly."""
         seg_total = int((self.segments[1] - self.segments[0]).sum())
         causes = int(self.step_idle.sum())
-        if not (seg_total == causes == self.idle_ns and self.busy_ns + causes == self.window_ns):
+        if not (seg_total == causes + self.startup_ns and causes == self.idle_ns
+                and self.busy_ns + causes + self.startup_ns == self.window_ns):
             raise AssertionError(
-                f"device {self.device}: busy {self.busy_ns} + causes {causes} != window {self.window_ns}"
+                f"device {self.device}: busy {self.busy_ns} + causes {causes} + start-up {self.startup_ns}"
+                f" != window {self.window_ns}"
             )
         if int(self.step_busy.sum()) != self.busy_ns:
             raise AssertionError(f"device {self.device}: per-step busy does not add up")
@@ -99,10 +127,12 @@ def attribute_idle(
     window: StepWindow,
     launchers: I64,
     straggler: dict[int, iv.Intervals] | None = None,
+    startup: iv.Intervals = iv.EMPTY,
 ) -> list[DeviceIdle]:
-    """Attribute the idle time of every device of ``tl`` (see the module docstring)."""
+    """Attribute the idle time of every device of ``tl`` (see the module docstring); ``startup``: host ranges
+    of one-time costs."""
     return [
-        _device_idle(tl, names, window, launchers, d, (straggler or {}).get(d, iv.EMPTY))
+        _device_idle(tl, names, window, launchers, d, (straggler or {}).get(d, iv.EMPTY), startup)
         for d in tl.devices
     ]
 
@@ -121,7 +151,7 @@ def feeding_threads(tl: Timeline, launchers: I64, device: int) -> np.ndarray:
 
 def _device_idle(
     tl: Timeline, names: NameClasses, window: StepWindow, launchers: I64, device: int,
-    straggler: iv.Intervals,
+    straggler: iv.Intervals, startup: iv.Intervals,
 ) -> DeviceIdle:
     ops, host = tl.device_ops, tl.host
     lo, hi = window.start, window.end
@@ -135,47 +165,68 @@ def _device_idle(
 
     threads = feeding_threads(tl, launchers, device)
     feeding = np.isin(host.thread, threads)
-    is_op = host.kind == HostKind.OP
-    is_rt = host.kind == HostKind.RUNTIME
     name = host.name
+    is_op = (host.kind == HostKind.OP) & ~names.region[name]
+    is_rt = host.kind == HostKind.RUNTIME
+    is_py = host.kind == HostKind.PYTHON
 
     copy_of_call = _copy_kind_of_calls(tl, launchers)
     htod_call = is_rt & names.memcpy_call[name] & np.isin(copy_of_call, HTOD_KINDS)
     blocking_copy = is_rt & names.memcpy_call[name] & ~htod_call & (
         names.synchronous_memcpy[name] | (copy_of_call == CopyKind.DTOH_PAGEABLE)
+        | (host.end - host.start > MAX_LAUNCH_LATENCY_NS)
     )
     sync = feeding & ((is_rt & names.sync_call[name]) | (is_op & names.item_op[name]) | blocking_copy)
     loading = (names.data_loading[name] | names.file_read[name]) & ~is_rt
-    coll_host = feeding & ~is_rt & names.collective_host[name]
-    launching = _launching_ops(tl, launchers, is_op & feeding)
-    plain_op = feeding & is_op & ~launching & ~names.item_op[name] & ~names.collective_host[name]
-    other_rt = feeding & is_rt & ~sync & ~htod_call
+    coll_host = feeding & ~is_rt & ~is_py & names.collective_host[name]
+    launch_call = feeding & is_rt & ~sync & ~htod_call & (names.launch_call[name] | names.memcpy_call[name])
+    issued = launches_inside(tl, launchers, is_op & feeding)
+    own_work = host.end - host.start - runtime_inside(tl, (issued > 0))
+    launching = (issued > 0) & (own_work <= issued * DISPATCH_BUDGET_NS)
+    heavy = (issued > 0) & ~launching
+    plain_op = feeding & is_op & (issued == 0) & ~names.item_op[name] & ~names.collective_host[name]
+    other_rt = feeding & is_rt & ~sync & ~htod_call & ~launch_call
 
-    inflight_launch, inflight_copy = _launches_in_flight(tl, launchers, compute, idle, hi)
+    inflight_launch, inflight_copy = _launches_in_flight(tl, launchers, compute, idle, hi, sync)
 
     def rows(mask: np.ndarray) -> iv.Intervals:
         return host.start[mask], host.end[mask]
 
-    layers: list[tuple[Cause, iv.Intervals]] = [
+    layers: list[tuple[Cause | None, iv.Intervals]] = [
         (Cause.STRAGGLER_WAIT, straggler),
         (Cause.COMMUNICATION, comm),
+        (None, startup),
         (Cause.MEMCPY, inflight_copy),
         (Cause.LAUNCH_OVERHEAD, inflight_launch),
         (Cause.DATA_LOADING, rows(loading)),
         (Cause.HOST_SYNC, rows(sync)),
         (Cause.MEMCPY, rows(feeding & htod_call)),
         (Cause.COMMUNICATION, rows(coll_host)),
-        (Cause.CPU_COMPUTE, rows(plain_op)),
-        (Cause.LAUNCH_OVERHEAD, rows(launching | other_rt)),
+        (Cause.CPU_COMPUTE, iv.union(*_cat(rows(plain_op | other_rt),
+                                           self_time(host.start, host.end, host.thread, np.flatnonzero(heavy),
+                                                     np.flatnonzero(feeding & (is_op | is_rt)))))),
+        (Cause.LAUNCH_OVERHEAD, rows(launching | launch_call)),
+        (Cause.CPU_COMPUTE, rows(feeding & is_py)),
     ]
-    layer_cause = np.array([CAUSE_INDEX[c] for c, _ in layers] + [CAUSE_INDEX[Cause.UNATTRIBUTED]], dtype=np.int16)
+    python_layer = len(layers) - 1
+    layer_cause = np.array([STARTUP_LABEL if c is None else CAUSE_INDEX[c] for c, _ in layers]
+                           + [CAUSE_INDEX[Cause.UNATTRIBUTED]], dtype=np.int16)
     bounds = window.bounds
     seg_s, seg_e, label = iv.label_segments(idle, [layer for _, layer in layers], extra_points=bounds)
     cause = layer_cause[label]
     n_steps = bounds.size - 1
-    k = len(CAUSES)
+    k = len(CAUSES) + 1
     step_of = np.clip(np.searchsorted(bounds, seg_s, side="right") - 1, 0, n_steps - 1)
-    step_idle = np.bincount(step_of * k + cause, weights=(seg_e - seg_s), minlength=n_steps * k)
+    step_all = np.bincount(step_of * k + cause, weights=(seg_e - seg_s), minlength=n_steps * k).reshape(n_steps, k)
+    step_idle, step_startup = step_all[:, :STARTUP_LABEL], step_all[:, STARTUP_LABEL]
+    launch_seg = cause == CAUSE_INDEX[Cause.LAUNCH_OVERHEAD]
+    zero_grad = iv.union(*rows(feeding & names.zero_grad[name]))
+    under_zero_grad = launch_seg & iv.covered(zero_grad, seg_s)
+    step_zero_grad = np.bincount(step_of[under_zero_grad], weights=(seg_e - seg_s)[under_zero_grad],
+                                 minlength=n_steps)
+    py_seg = label == python_layer
+    python = (seg_s[py_seg], seg_e[py_seg], innermost(host.start, host.end, np.flatnonzero(feeding & is_py),
+                                                        seg_s[py_seg]))
     b_s, b_e, _ = iv.label_segments(busy, [], extra_points=bounds)
     b_step = np.clip(np.searchsorted(bounds, b_s, side="right") - 1, 0, n_steps - 1)
     step_busy = np.bincount(b_step, weights=(b_e - b_s), minlength=n_steps)
@@ -183,7 +234,10 @@ def _device_idle(
         device=device, window=(lo, hi), busy=busy, active=active, comm=comm,
         segments=(seg_s, seg_e, cause),
         step_busy=np.rint(step_busy).astype(np.int64),
-        step_idle=np.rint(step_idle).astype(np.int64).reshape(n_steps, k),
+        step_idle=np.rint(step_idle).astype(np.int64),
+        step_startup=np.rint(step_startup).astype(np.int64),
+        step_zero_grad=np.rint(step_zero_grad).astype(np.int64),
+        python=python,
     )
     result.self_check()
     return result
@@ -197,26 +251,8 @@ def _copy_kind_of_calls(tl: Timeline, launchers: I64) -> np.ndarray:
     return kinds
 
 
-def _launching_ops(tl: Timeline, launchers: I64, candidates: np.ndarray) -> np.ndarray:
-    """Operators (among ``candidates``) during which their own thread launched device work."""
-    host = tl.host
-    out = np.zeros(len(host), dtype=bool)
-    launch_rows = iv.sorted_unique(launchers[launchers >= 0])
-    if launch_rows.size == 0 or not candidates.any():
-        return out
-    span = int(max(host.end.max(), tl.device_ops.end.max())) + 1
-    key = host.thread[launch_rows].astype(np.int64) * span + host.start[launch_rows]
-    key.sort()
-    rows = np.flatnonzero(candidates)
-    base = host.thread[rows].astype(np.int64) * span
-    first = np.searchsorted(key, base + host.start[rows], side="left")
-    past = np.searchsorted(key, base + host.end[rows], side="left")
-    out[rows] = past > first
-    return out
-
-
 def _launches_in_flight(
-    tl: Timeline, launchers: I64, compute: np.ndarray, idle: iv.Intervals, window_end: int,
+    tl: Timeline, launchers: I64, compute: np.ndarray, idle: iv.Intervals, window_end: int, blocking: np.ndarray,
 ) -> tuple[iv.Intervals, iv.Intervals]:
     """``[launch call start, op start)`` for the op that ends each idle gap.
 
@@ -235,10 +271,20 @@ def _launches_in_flight(
     ok = (ops.start[op] == ends_at) & (launchers[op] >= 0)
     op, gap_start, gap_end = op[ok], gap_start[ok], ends_at[ok]
     issued = tl.host.start[launchers[op]]
+    # a blocking call (a synchronous copy) enqueues its work at once and then waits: only its start launches
+    returned = np.where(blocking[launchers[op]], issued, tl.host.end[launchers[op]])
     # Issued during the gap, or just before it with the gap no longer than a launch takes. An op
     # queued long before waited on a dependency, not on its launch: the host layers decide.
     ok = ((issued >= gap_start) | (gap_end - issued <= MAX_LAUNCH_LATENCY_NS)) & (issued < gap_end)
     launched = np.maximum(issued, gap_start)
-    op, gap_end, launched = op[ok], gap_end[ok], launched[ok]
+    # Launching costs the call and the queue behind it; an op that starts later waited on something else.
+    reached = np.minimum(gap_end, returned + MAX_LAUNCH_LATENCY_NS)
+    op, launched, reached = op[ok], launched[ok], reached[ok]
+    keep = reached > launched
+    op, launched, reached = op[keep], launched[keep], reached[keep]
     is_copy = np.isin(ops.copy_kind[op], HTOD_KINDS)
-    return (launched[~is_copy], gap_end[~is_copy]), (launched[is_copy], gap_end[is_copy])
+    return (launched[~is_copy], reached[~is_copy]), (launched[is_copy], reached[is_copy])
+
+
+def _cat(a: iv.Intervals, b: iv.Intervals) -> iv.Intervals:
+    return np.concatenate((a[0], b[0])), np.concatenate((a[1], b[1]))

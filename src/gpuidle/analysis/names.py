@@ -35,6 +35,21 @@ FILE_READ = re.compile("^(" + "|".join(sorted(FILE_READ_CALLS)) + ")$")
 """File reads of a thread that drives the GPU (Nsight's OS runtime trace): loading, but no step marker."""
 COLLECTIVE_HOST = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)")
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+REGION = re.compile(
+    r"^ProfilerStep#|^Optimizer\.\w+#|^Torch-Compiled Region|^TorchDynamo|^## .* ##$|^CompiledFxGraph|"
+    r"^DistributedDataParallel\.forward$|^FullyShardedDataParallel\.|^enumerate\(DataLoader\)"
+)
+"""Annotations that wrap a whole phase (older traces write some as operators): they contain launches but
+issue none themselves, so time under them is never launching on that account."""
+ZERO_GRAD = re.compile(r"^Optimizer\.zero_grad#|zero_grad$")
+TRAINING_OPS = re.compile(
+    r"^autograd::engine::evaluate_function|Backward0?$|^Optimizer\.step#|^aten::_foreach_(add|mul|addcmul|lerp)_"
+    r"|^Optimizer\.zero_grad#|^optimizer\.step"
+)
+"""Names only a training step records: the autograd engine, optimizer steps."""
+COMPILED = re.compile(r"^Torch-Compiled Region|^CompiledFunction|^TorchDynamo|^CompiledFxGraph|^triton_|^inductor")
+GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch|^cuGraphLaunch")
+ENGINE = re.compile(r"vllm|sglang", re.IGNORECASE)
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 LAUNCH_CALLS = re.compile(r"Launch|^(cuda|hip)Memset|^cuMemset|^cudaGraphLaunch|^hipGraphLaunch")
 
@@ -67,6 +82,12 @@ class NameClasses:
     collective_host: np.ndarray
     profiler_step: np.ndarray
     optimizer_step: np.ndarray
+    region: np.ndarray
+    zero_grad: np.ndarray
+    training_op: np.ndarray
+    compiled: np.ndarray
+    graph_launch: np.ndarray
+    engine: np.ndarray
     gemm: np.ndarray
     conv: np.ndarray
     reduced_precision: np.ndarray
@@ -84,6 +105,12 @@ class NameClasses:
             collective_host=_mask(strings, COLLECTIVE_HOST),
             profiler_step=_mask(strings, PROFILER_STEP),
             optimizer_step=_mask(strings, OPTIMIZER_STEP),
+            region=_mask(strings, REGION),
+            zero_grad=_mask(strings, ZERO_GRAD),
+            training_op=_mask(strings, TRAINING_OPS),
+            compiled=_mask(strings, COMPILED),
+            graph_launch=_mask(strings, GRAPH_LAUNCH),
+            engine=_mask(strings, ENGINE),
             gemm=_mask(strings, GEMM),
             conv=_mask(strings, CONV),
             reduced_precision=_mask(strings, REDUCED_PRECISION),

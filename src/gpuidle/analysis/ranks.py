@@ -135,7 +135,11 @@ def apply_straggler_wait(ra: RankAnalysis, arrivals: list[Arrival]) -> int:
     total = int(moved.sum())
     _move(device.idle_by_cause_s, total / 1e9)
     for step_report, ns in zip(report.steps, moved, strict=True):
+        before = step_report.idle_by_cause_s[Cause.COMMUNICATION.value]
         _move(step_report.idle_by_cause_s, float(ns) / 1e9)
+        kept = step_report.idle_by_cause_s[Cause.COMMUNICATION.value] / before if before > 0 else 0.0
+        # the wait is the first part of each collective, whichever it is: each kind keeps the same share
+        step_report.exposed_comm_s = {k: v * kept for k, v in step_report.exposed_comm_s.items()}
     return total
 
 

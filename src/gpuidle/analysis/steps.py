@@ -39,7 +39,8 @@ def find_steps(tl: Timeline, names: NameClasses) -> Steps:
     if len(tl.steps) > 0:
         return tl.steps
     host = tl.host
-    loads = np.flatnonzero(names.data_loading[host.name] & (host.kind != HostKind.RUNTIME))
+    loads = np.flatnonzero(names.data_loading[host.name] & (host.kind != HostKind.RUNTIME)
+                           & (host.kind != HostKind.PYTHON))
     loads = _outermost(host.start[loads], host.end[loads], loads)
     if loads.size >= 2:
         starts = np.sort(host.start[loads])
@@ -84,6 +85,8 @@ def step_window(tl: Timeline, names: NameClasses) -> StepWindow:
 WARMUP = "warmup"
 PROFILER = "profiler"
 OUTLIER = "outlier"
+NO_GPU_WORK = "no_gpu_work"
+"""A step in which no device work starts: nothing steady to measure (a trailing profiler step, a stall)."""
 MAD_K = 5.0
 """A step beyond median + 5 scaled MADs is not steady state (a normal step is within ~3)."""
 MIN_EXCESS = 0.25

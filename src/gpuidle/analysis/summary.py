@@ -11,15 +11,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuidle.analysis.comm import Collectives, comm_report, find_collectives
-from gpuidle.analysis.idle import CAUSE_INDEX, attribute_idle
+from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.comm import Collectives, comm_report, exposed_by_collective, find_collectives
+from gpuidle.analysis.idle import CAUSE_INDEX, STARTUP_LABEL, DeviceIdle, attribute_idle
 from gpuidle.analysis.kernels import kernel_facts
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.quality import quality_notes
 from gpuidle.analysis.sharded import classify, role_split
-from gpuidle.analysis.steps import steady_state, step_window
-from gpuidle.model import CAUSES, I64, Cause, DeviceReport, HostKind, RankReport, StepReport, Timeline, Window
+from gpuidle.analysis.startup import Startup, find_startup
+from gpuidle.analysis.steps import NO_GPU_WORK, steady_state, step_window
+from gpuidle.analysis.workload import workload
+from gpuidle.model import (
+    CAUSES,
+    I64,
+    Cause,
+    DeviceReport,
+    HostKind,
+    PythonHotspot,
+    RankReport,
+    StartupCost,
+    StepReport,
+    Timeline,
+    Window,
+)
+
+TOP_PYTHON = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +58,8 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     names = NameClasses.of(tl.strings)
     window = step_window(tl, names)
     launchers = launcher_rows(tl)
-    idle = attribute_idle(tl, names, window, launchers)
+    startup = find_startup(tl, names, window, launchers)
+    idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges(tl))
     kernels = kernel_facts(tl, names, window)
     coll = find_collectives(tl, window, launchers)
     primary = max(idle, key=lambda d: (d.busy_ns, -d.device))
@@ -52,21 +70,29 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         DeviceReport(
             device=d.device, name=tl.meta.device_names.get(d.device),
             window_s=_s(d.window_ns), busy_s=_s(d.busy_ns), idle_s=_s(d.idle_ns),
-            utilization=d.busy_ns / d.window_ns if d.window_ns else 0.0,
+            utilization=d.busy_ns / (d.window_ns - d.startup_ns) if d.window_ns > d.startup_ns else 0.0,
             idle_by_cause_s={c.value: _s(v) for c, v in d.idle_by_cause().items()},
             active_s=_s(sum(int(e - s) for s, e in zip(*d.active, strict=True))),
             compute_capability=tl.meta.device_capability.get(d.device),
+            startup_s=_s(d.startup_ns), kernel_arch=tl.meta.kernel_arch.get(d.device),
         )
         for d in idle
     ]
     bounds = window.bounds
-    excluded = steady_state(np.diff(bounds)) if window.kind != "gpu_activity" else [None]
+    seg_s, seg_e, cause = primary.segments
+    exposed = cause == CAUSE_INDEX[Cause.COMMUNICATION]
+    by_collective = exposed_by_collective(coll, primary.device, (seg_s[exposed], seg_e[exposed]), bounds)
+    with_work = _steps_with_gpu_work(tl, bounds)
+    span = np.diff(bounds) - primary.step_startup
+    excluded = steady_state(span) if window.kind != "gpu_activity" else [None]
+    excluded = [NO_GPU_WORK if not with_work[i] else e for i, e in enumerate(excluded)]
     steps = [
         StepReport(
-            step=int(window.steps.number[i]), start_s=_s(bounds[i]), dur_s=_s(bounds[i + 1] - bounds[i]),
+            step=int(window.steps.number[i]), start_s=_s(bounds[i]), dur_s=_s(span[i]),
             busy_s=_s(primary.step_busy[i]), idle_s=_s(primary.step_idle[i].sum()),
             idle_by_cause_s={c.value: _s(primary.step_idle[i, j]) for j, c in enumerate(CAUSES)},
-            excluded=excluded[i],
+            excluded=excluded[i], startup_s=_s(primary.step_startup[i]), exposed_comm_s=by_collective[i],
+            zero_grad_launch_s=_s(primary.step_zero_grad[i]),
         )
         for i in range(bounds.size - 1)
     ]
@@ -79,10 +105,10 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         window=Window(kind=window.kind, start_s=_s(window.start), dur_s=_s(window.end - window.start)),
         devices=devices, steps=steps, kernels=kernels,
         communication=communication,
-        world_size=tl.meta.world_size, backend=tl.meta.backend, host_events=host_events(tl, launchers),
+        world_size=tl.meta.world_size, backend=tl.meta.backend, host_events=host_events(tl, names, launchers),
+        startup=startup_costs(tl, startup, primary), workload=workload(tl, names, launchers),
+        python_hotspots=python_hotspots(tl, primary),
     )
-    seg_s, seg_e, cause = primary.segments
-    exposed = cause == CAUSE_INDEX[Cause.COMMUNICATION]
     step_of = np.clip(np.searchsorted(bounds, seg_s[exposed], side="right") - 1, 0, bounds.size - 2)
     on_primary = coll.device == primary.device
     return RankAnalysis(
@@ -96,14 +122,55 @@ GRAPH_OR_DRIVER_LAUNCH = ("cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch
                           "hipModuleLaunchKernel", "cuLaunchCooperativeKernel")
 
 
-def host_events(tl: Timeline, launchers: I64) -> dict[str, int]:
-    """What the trace recorded on the host, so a report can say what attribution lacked."""
+def host_events(tl: Timeline, classes: NameClasses, launchers: I64) -> dict[str, int]:
+    """What the trace recorded on the host, so a report can say what attribution lacked; ``launch_calls`` and
+    ``launch_call_us`` (their summed duration) bound what launching can cost."""
     host = tl.host
     names = np.array([tl.strings[i] in GRAPH_OR_DRIVER_LAUNCH for i in range(len(tl.strings))], dtype=bool)
     runtime = host.kind == HostKind.RUNTIME
+    launch = runtime & classes.launch_call[host.name] if len(tl.strings) else runtime
     return {"cpu_ops": int((host.kind == HostKind.OP).sum()), "runtime_calls": int(runtime.sum()),
             "linked_launches": int((launchers >= 0).sum()),
-            "graph_or_driver_launches": int((runtime & names[host.name]).sum()) if names.size else 0}
+            "graph_or_driver_launches": int((runtime & names[host.name]).sum()) if names.size else 0,
+            "python_functions": int((host.kind == HostKind.PYTHON).sum()),
+            "launch_calls": int(launch.sum()),
+            "launch_call_us": int((host.end - host.start)[launch].sum() // 1000)}
+
+
+def _steps_with_gpu_work(tl: Timeline, bounds: I64) -> np.ndarray:
+    """Whether any device op starts in each step."""
+    starts = tl.device_ops.start
+    inside = (starts >= bounds[0]) & (starts < bounds[-1])
+    counts = np.bincount(np.searchsorted(bounds, starts[inside], side="right") - 1, minlength=bounds.size - 1)
+    return counts[: bounds.size - 1] > 0
+
+
+def startup_costs(tl: Timeline, startup: Startup, device: DeviceIdle) -> list[StartupCost]:
+    """Each start-up call once, with the device idle under it (a call nested in an earlier one adds none)."""
+    seg_s, seg_e, cause = device.segments
+    apart = (seg_s[cause == STARTUP_LABEL], seg_e[cause == STARTUP_LABEL])
+    out = []
+    claimed = 0
+    for row, kind, label in zip(startup.rows.tolist(), startup.kind, startup.label, strict=True):
+        s, e = int(tl.host.start[row]), int(tl.host.end[row])
+        s = max(s, claimed)
+        under = iv.total(iv.clip(apart, s, e)) if e > s else 0
+        claimed = max(claimed, e)
+        out.append(StartupCost(kind=kind, name=label, start_s=_s(tl.host.start[row]),
+                               dur_s=_s(tl.host.end[row] - tl.host.start[row]), idle_s=_s(under)))
+    return out
+
+
+def python_hotspots(tl: Timeline, device: DeviceIdle) -> list[PythonHotspot]:
+    """The innermost Python functions under the idle charged to Python, largest first."""
+    s, e, row = device.python
+    known = row >= 0
+    if not known.any():
+        return []
+    names = tl.host.name[row[known]]
+    sums = np.bincount(names, weights=(e - s)[known])
+    top = np.argsort(-sums)[:TOP_PYTHON]
+    return [PythonHotspot(function=tl.strings[int(i)], idle_s=_s(sums[i])) for i in top if sums[i] > 0]
 
 
 def _accumulation_repeats(coll: Collectives, on_device: np.ndarray) -> int:

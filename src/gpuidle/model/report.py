@@ -49,6 +49,12 @@ class DeviceReport(msgspec.Struct):
     """``"major.minor"`` where the source records it (Kineto ``deviceProperties``, the tracker)."""
     timing: str = "device"
     """``device``: measured on the device; ``host``: host-timed steps (no device figures can be claimed)."""
+    startup_s: float = 0.0
+    """Idle under one-time start-up costs (``RankReport.startup``): in the window, in no cause and no step;
+    ``busy_s + idle_s + startup_s = window_s``, and ``utilization`` is busy over the window less start-up."""
+    kernel_arch: str | None = None
+    """The GPU family the kernel names were built for (``volta``, ``ampere``, ``hopper``, ``sm90``, ``gfx942``,
+    ``cdna``), where they tell: the least the device can be."""
 
 
 class StepReport(msgspec.Struct):
@@ -59,7 +65,15 @@ class StepReport(msgspec.Struct):
     idle_s: float
     idle_by_cause_s: dict[str, float]
     excluded: str | None = None
-    """Why the step is left out of per-step figures and gains: ``warmup``, ``profiler``, ``outlier``; None: steady."""
+    """Why the step is left out of per-step figures and gains: ``warmup``, ``profiler``, ``outlier``,
+    ``no_gpu_work``; None: steady."""
+    startup_s: float = 0.0
+    """Idle under one-time start-up costs inside the step: not in ``dur_s``, ``idle_s`` or any cause."""
+    exposed_comm_s: dict[str, float] = {}
+    """The step's ``communication`` idle by the collective that ran, ``kind:dtype`` (``all_reduce:float32``,
+    ``all_to_all:int8``; ``unknown`` where the trace does not say)."""
+    zero_grad_launch_s: float = 0.0
+    """The part of ``launch_overhead`` under an ``Optimizer.zero_grad`` range (per-parameter fills)."""
 
 
 class KernelStat(msgspec.Struct):
@@ -100,6 +114,9 @@ class CollectiveStat(msgspec.Struct):
     """Sum of message bytes where known."""
     algbw_gbps: float | None
     busbw_gbps: float | None
+    dtype: str = "unknown"
+    """Element type on the wire (``float32``, ``bfloat16``, ``int8``...), from ``record_param_comms``, the
+    ``nccl:*`` range or the kernel name; ``unknown`` where none says."""
 
 
 COMM_ROLES = ("param_all_gather_forward", "param_all_gather_backward", "param_all_gather_optimizer",
@@ -143,6 +160,37 @@ class CommReport(msgspec.Struct):
     """Communication split by role; the roles' ``exposed_s`` add up to ``exposed_s``. Empty: not split."""
 
 
+class StartupCost(msgspec.Struct):
+    """A one-time cost: context creation, module loading on a first launch, first allocations, stream
+    creation, compilation. Shown once; left out of per-step figures and gains."""
+
+    kind: str
+    """``context``, ``module_load``, ``allocation``, ``stream``, ``compile``."""
+    name: str
+    """The call, e.g. ``cudaFree``, ``cudaLaunchKernel (first launch of volta_sgemm_128x64_nn)``."""
+    start_s: float
+    dur_s: float
+    idle_s: float
+    """Device idle under it, inside the window (what per-step figures leave out)."""
+
+
+class Workload(msgspec.Struct):
+    """What kind of program the trace shows, from its operator and runtime names."""
+
+    mode: str
+    """``training`` (backward or optimizer ops) or ``inference``."""
+    execution: str
+    """``eager``, ``compiled`` (torch.compile regions, Triton kernels) or ``cuda_graphs`` (graph launches)."""
+    engine: str | None = None
+    """A serving engine named in the trace: ``vllm``, ``sglang``."""
+
+
+class PythonHotspot(msgspec.Struct):
+    function: str
+    idle_s: float
+    """Device idle per window while this was the innermost Python function and no operator ran."""
+
+
 class RankReport(msgspec.Struct):
     rank: int
     path: str
@@ -158,7 +206,14 @@ class RankReport(msgspec.Struct):
     """The process group's backend where the trace records it (Kineto ``distributedInfo.backend``)."""
     host_events: dict[str, int] | None = None
     """What the trace recorded on the host: ``cpu_ops``, ``runtime_calls``, ``linked_launches``,
-    ``graph_or_driver_launches``; None for step timing (the tracker)."""
+    ``graph_or_driver_launches``, ``python_functions``, ``launch_calls``, ``launch_call_s`` (µs summed, as an
+    int); None for step timing (the tracker)."""
+    startup: list[StartupCost] = []
+    """One-time costs found in the window, each shown once; their idle is in no step and no gain."""
+    workload: Workload | None = None
+    """Training or inference, eager or compiled or graph-replaying, and the serving engine: what fixes fit."""
+    python_hotspots: list[PythonHotspot] = []
+    """Where the Python stacks (``with_stack=True``) put the host during idle with no operator running."""
 
     def primary(self) -> DeviceReport:
         """The device this rank trains on: the one with the most busy time."""

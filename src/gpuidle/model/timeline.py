@@ -23,8 +23,10 @@ SCHEMA_MINOR = 5
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
 ``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
 3: ``source.framework``; 4: ``ranks[].backend``; 5: gains' ``step_s_saved_low``/``_high``, ``basis``,
-``assumption`` and ``scope``, ``combined``'s range, ``communication.parallelism`` and ``communication.roles``,
-in ranks and job)."""
+``assumption`` and ``scope``, ``combined``'s range, ``communication.parallelism`` and ``communication.roles``
+in ranks and job, ``ranks[].startup``, ``ranks[].workload``, ``ranks[].python_hotspots``,
+``steps[].startup_s``/``exposed_comm_s``/``zero_grad_launch_s``, ``devices[].startup_s``/``kernel_arch``,
+``collectives[].dtype``)."""
 
 
 class Cause(enum.StrEnum):
@@ -61,6 +63,8 @@ class HostKind(enum.IntEnum):
     """A CUDA/HIP runtime or driver call (launch, copy, synchronize, ...)."""
     ANNOTATION = 2
     """A ``record_function`` range: profiler steps, DataLoader, user ranges."""
+    PYTHON = 3
+    """A Python function (Kineto ``python_function``, recorded with ``with_stack=True``)."""
 
 
 FILE_READ_CALLS = frozenset({"read", "pread", "pread64", "readv", "preadv", "readv2", "preadv2", "preadv64",
@@ -135,6 +139,8 @@ class CollectiveCalls:
     in_bytes: I64
     out_bytes: I64
     group_size: I32
+    dtype: list[str] = field(default_factory=list)
+    """Element type per call as the trace spells it (``Float``, ``BFloat16``, ``unsigned char``); "" unknown."""
 
     def __len__(self) -> int:
         return int(self.host_index.shape[0])
@@ -171,6 +177,10 @@ class TraceMeta:
     framework: str | None = None
     """The program's framework where the trace tells (``pytorch``, ``jax``, ``tensorflow``, ``cuda`` for a plain
     CUDA application)."""
+    kernel_arch: dict[int, str] = field(default_factory=dict)
+    """Per device, the GPU family its kernel names were built for (``volta``, ``sm90``, ``gfx942``...)."""
+    header_flags: dict[str, Any] = field(default_factory=dict)
+    """Recording options the trace header states (Kineto ``with_stack``, ``record_shapes``)."""
 
 
 @dataclass(slots=True)

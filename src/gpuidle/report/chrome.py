@@ -17,7 +17,8 @@ from gpuidle.report.annotate import us
 CHUNK = 4096
 _DEVICE_CAT = {DeviceOpKind.KERNEL: "kernel", DeviceOpKind.MEMCPY: "gpu_memcpy", DeviceOpKind.MEMSET: "gpu_memset",
                DeviceOpKind.COLLECTIVE: "kernel"}
-_HOST_CAT = {HostKind.OP: "cpu_op", HostKind.RUNTIME: "cuda_runtime", HostKind.ANNOTATION: "user_annotation"}
+_HOST_CAT = {HostKind.OP: "cpu_op", HostKind.RUNTIME: "cuda_runtime", HostKind.ANNOTATION: "user_annotation",
+             HostKind.PYTHON: "python_function"}
 
 
 def timeline_events(tl: Timeline) -> Iterator[list[msgspec.Raw]]:

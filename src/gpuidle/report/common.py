@@ -148,10 +148,20 @@ def shown_recommendations(recs: list[Recommendation], top: int) -> list[Recommen
 
 def excluded_lines(r: RankReport, kept: bool = False) -> list[str]:
     """``step 0, 4,489 ms: warm-up, left out`` for every step outside steady state."""
-    words = {"warmup": "warm-up", "profiler": "profiler start/stop", "outlier": "outlier"}
+    words = {"warmup": "warm-up", "profiler": "profiler start/stop", "outlier": "outlier", "no_gpu_work": "no GPU work"}
     how = "kept (--include-warmup)" if kept else "left out of per-step figures and gains"
     return [f"step {s.step}, {ms(s.dur_s)}: {words.get(s.excluded, s.excluded)}, {how}"
             for s in r.steps if s.excluded is not None]
+
+
+def startup_lines(r: RankReport) -> list[str]:
+    """One-time start-up costs, once: ``start-up (once, not in per-step figures): 6,008.7 ms cudaFree (context)``."""
+    if not r.startup:
+        return []
+    idle = sum(c.idle_s for c in r.startup)
+    head = f"start-up cost (once, left out of per-step figures and gains): {ms(idle)} of device idle"
+    return [head] + [f"  {ms(c.dur_s)} {c.name} ({c.kind.replace('_', ' ')})" for c in r.startup[:8]] + (
+        [f"  +{len(r.startup) - 8} more (--format json)"] if len(r.startup) > 8 else [])
 
 
 def printable_report(report: T) -> T:

@@ -16,6 +16,7 @@ from gpuidle.report.common import (
     role_lines,
     shown_recommendations,
     source_label,
+    startup_lines,
     step_rows,
     together,
 )
@@ -51,6 +52,7 @@ class MarkdownRenderer:
         for r in shown:
             lines += self._rank(r)
             lines += [f"- {x}" for x in excluded_lines(r, report.include_warmup)]
+            lines += [f"- {x.strip()}" for x in startup_lines(r)]
         if report.cost is not None:
             lines += ["### Cost", ""]
             lines += _table(["", "value", "formula"],

@@ -35,6 +35,7 @@ from gpuidle.report.common import (
     role_lines,
     shown_recommendations,
     source_label,
+    startup_lines,
     step_rows,
     together,
     utilization_falls,
@@ -202,6 +203,8 @@ class TerminalRenderer:
         if len(r.steps) > 1:
             console.print(_steps(r))
         for line in excluded_lines(r, kept):
+            console.print(Text(line, style="yellow"))
+        for line in startup_lines(r):
             console.print(Text(line, style="yellow"))
         c = r.communication
         if c.comm_s > 0:

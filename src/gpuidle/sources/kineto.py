@@ -34,6 +34,7 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.sources.jsonstream import TraceStream
+from gpuidle.sources.kernel_arch import kernel_arch_by_device
 from gpuidle.sources.kineto_events import (
     EMPTY_ARGS,
     I32_MAX,
@@ -72,7 +73,7 @@ _HOST_CATS = {
     "Runtime": HostKind.RUNTIME,
     "cuda_driver": HostKind.RUNTIME,
     "user_annotation": HostKind.ANNOTATION,
-    "python_function": -1,
+    "python_function": HostKind.PYTHON,
 }
 _FOREIGN_ACCELERATOR = re.compile(r"^(mtia|xpu|hpu|tpu|npu|mps)_", re.IGNORECASE)
 _COLLECTIVE_KERNEL = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.IGNORECASE)
@@ -81,7 +82,8 @@ _DTYPE_BYTES = {
     "float": 4, "float32": 4, "int": 4, "int32": 4, "half": 2, "float16": 2, "bfloat16": 2,
     "bf16": 2, "c10::half": 2, "c10::bfloat16": 2, "double": 8, "float64": 8, "long": 8,
     "int64": 8, "long int": 8, "char": 1, "int8": 1, "byte": 1, "uint8": 1, "bool": 1,
-    "short": 2, "int16": 2, "complexfloat": 8, "complexdouble": 16,
+    "short": 2, "int16": 2, "complexfloat": 8, "complexdouble": 16, "unsigned char": 1, "signed char": 1,
+    "uint8_t": 1, "int8_t": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
 
 
@@ -131,7 +133,7 @@ class _Columns:
         self.dev: dict[str, list[np.ndarray]] = {k: [] for k in
                                                  ("ts", "dur", "device", "stream", "kind", "name", "corr", "bytes")}
         self.host: dict[str, list[np.ndarray]] = {k: [] for k in ("ts", "dur", "thread", "kind", "name", "corr")}
-        self.coll: dict[str, list[Any]] = {k: [] for k in ("host", "name", "group", "inb", "outb", "size")}
+        self.coll: dict[str, list[Any]] = {k: [] for k in ("host", "name", "group", "inb", "outb", "size", "dtype")}
         self.foreign: set[str] = set()
         self._collective_ids: set[int] = set()
         self.events = 0
@@ -252,8 +254,10 @@ class _Columns:
         inb = a.in_nelems * size if (a.in_nelems >= 0 and size > 0) else -1
         outb = a.out_nelems * size if (a.out_nelems >= 0 and size > 0) else -1
         coll = a.collective or (name[5:] if name.startswith("nccl:") else "")
+        dtype = a.dtype
         if inb < 0 and bytes(a.input_dims):  # older traces: nccl:<op> with Input Dims/type
             inb = _bytes_from_dims(bytes(a.input_dims), bytes(a.input_type))
+            dtype = dtype or _first_type(bytes(a.input_type))
         c = self.coll
         c["host"].append(index)
         c["name"].append(coll)
@@ -261,6 +265,18 @@ class _Columns:
         c["inb"].append(fit(inb))
         c["outb"].append(fit(outb))
         c["size"].append(a.group_size if I32_MIN <= a.group_size <= I32_MAX else -1)
+        c["dtype"].append(dtype[:40])
+
+
+def _first_type(types_raw: bytes) -> str:
+    """The first element type of an ``Input type`` list (a collective moves one type)."""
+    try:
+        types = msgspec.json.decode(types_raw) if types_raw else []
+    except (msgspec.DecodeError, RecursionError):
+        return ""
+    if not isinstance(types, list):
+        return ""
+    return next((t for t in types if isinstance(t, str) and dtype_bytes(t) > 0), "")
 
 
 def _stream_of(e: Event) -> int:
@@ -363,9 +379,11 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
         collective=c["name"], process_group=c["group"],
         in_bytes=np.asarray(c["inb"], dtype=np.int64),
         out_bytes=np.asarray(c["outb"], dtype=np.int64),
-        group_size=np.asarray(c["size"], dtype=np.int32),
+        group_size=np.asarray(c["size"], dtype=np.int32), dtype=c["dtype"],
     )
     meta = _meta(path, header, int(t0_us) * 1000)
+    _match_only_device(meta, np.unique(device_ops.device))
+    meta.kernel_arch = kernel_arch_by_device(strings, device_ops)
     meta.notes.extend(skipped)
     return Timeline(
         strings=strings, threads=cols.threads, device_ops=device_ops, host=host,
@@ -387,6 +405,23 @@ def _profiler_steps(strings: list[str], host: HostEvents) -> Steps:
     _, first = np.unique(number, return_index=True)
     rows, number = rows[np.sort(first)], number[np.sort(first)]
     return Steps(number, host.start[rows].copy(), host.end[rows].copy(), "profiler_step")
+
+
+def _match_only_device(meta: TraceMeta, devices: npt.NDArray[np.int32]) -> None:
+    """A trace of one device whose index is not among the ``deviceProperties`` ids (a process that sees one
+    GPU, numbered by the host): the properties of the only device listed, or of the only name listed, are its."""
+    if devices.size != 1 or int(devices[0]) in meta.device_names or not meta.device_names:
+        return
+    names = set(meta.device_names.values())
+    caps = set(meta.device_capability.values())
+    if len(names) != 1:
+        return
+    d, listed = int(devices[0]), len(meta.device_names)
+    meta.device_names[d] = names.pop()
+    if len(caps) == 1:
+        meta.device_capability[d] = caps.pop()
+    meta.notes.append(f"device {d} is not among the deviceProperties ids: its properties are those of the "
+                      f"{'only device' if listed == 1 else f'{listed} identical devices'} listed")
 
 
 def _is_int(value: Any, least: int) -> bool:
@@ -411,6 +446,8 @@ def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
             meta.process_groups = [g for g in groups if isinstance(g, dict)]
     if meta.rank is None:
         meta.notes.append("the trace records no rank (distributedInfo.rank): taken as rank 0")
+    meta.header_flags = {k: header[k] for k in ("with_stack", "record_shapes", "profile_memory", "with_flops")
+                         if isinstance(header.get(k), int | bool | str)}
     props = header.get("deviceProperties")
     if isinstance(props, list):
         for p in props:

@@ -1,0 +1,102 @@
+"""What a host operator spends its time on: launching device work, or its own CPU work.
+
+An operator that issues launches is *launching* while the host time it takes outside its
+runtime calls stays within what dispatching that many launches costs
+(:data:`DISPATCH_BUDGET_NS` each: the dispatcher, Python, the allocator). One that takes far longer per launch (a
+``_foreach_*`` over thousands of tensors, a scripted ``forward`` doing host work, cuDNN
+heuristics) is doing CPU work: its *self time*, outside the operators and runtime calls
+nested in it, is ``cpu_compute``, and only its children can be launching.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuidle.analysis import intervals as iv
+from gpuidle.model import I32, I64, HostKind, Timeline
+
+DISPATCH_BUDGET_NS = 100_000
+"""Host time an eager operator may take per launch it issues (PyTorch eager: 10-100 µs)."""
+
+
+def runtime_inside(tl: Timeline, candidates: np.ndarray) -> I64:
+    """For each host row among ``candidates``, the summed duration of the runtime calls its own thread made
+    inside its range (the launch and copy calls themselves, measured apart from the operator's own work)."""
+    host = tl.host
+    out = np.zeros(len(host), dtype=np.int64)
+    calls = np.flatnonzero(host.kind == HostKind.RUNTIME)
+    if calls.size == 0 or not candidates.any():
+        return out
+    span = int(max(host.end.max(), tl.device_ops.end.max())) + 1
+    key = host.thread[calls].astype(np.int64) * span + host.start[calls]
+    order = np.argsort(key, kind="stable")
+    key, dur = key[order], (host.end - host.start)[calls][order]
+    total = np.concatenate(([0], np.cumsum(dur)))
+    rows = np.flatnonzero(candidates)
+    base = host.thread[rows].astype(np.int64) * span
+    first = np.searchsorted(key, base + host.start[rows], side="left")
+    past = np.searchsorted(key, base + host.end[rows], side="left")
+    out[rows] = total[past] - total[first]
+    return out
+
+
+def launches_inside(tl: Timeline, launchers: I64, candidates: np.ndarray) -> I64:
+    """For each host row among ``candidates``, how many launches its own thread issued inside its range."""
+    host = tl.host
+    out = np.zeros(len(host), dtype=np.int64)
+    launch_rows = iv.sorted_unique(launchers[launchers >= 0])
+    if launch_rows.size == 0 or not candidates.any():
+        return out
+    span = int(max(host.end.max(), tl.device_ops.end.max())) + 1
+    key = host.thread[launch_rows].astype(np.int64) * span + host.start[launch_rows]
+    key.sort()
+    rows = np.flatnonzero(candidates)
+    base = host.thread[rows].astype(np.int64) * span
+    first = np.searchsorted(key, base + host.start[rows], side="left")
+    past = np.searchsorted(key, base + host.end[rows], side="left")
+    out[rows] = past - first
+    return out
+
+
+def self_time(start: I64, end: I64, thread: I32, rows: I64, nested: I64) -> iv.Intervals:
+    """The parts of each range in ``rows`` that no other range of ``nested`` inside it (same thread) covers."""
+    if rows.size == 0:
+        return iv.EMPTY
+    out_s: list[I64] = []
+    out_e: list[I64] = []
+    for t in np.unique(thread[rows]).tolist():
+        inner = nested[thread[nested] == t]
+        inner = inner[np.argsort(start[inner], kind="stable")]
+        i_start, i_end = start[inner], end[inner]
+        for r in rows[thread[rows] == t].tolist():
+            lo, hi = int(start[r]), int(end[r])
+            a, b = np.searchsorted(i_start, lo, side="left"), np.searchsorted(i_start, hi, side="left")
+            keep = (i_end[a:b] <= hi) & (inner[a:b] != r)
+            gaps = iv.complement(iv.union(i_start[a:b][keep], i_end[a:b][keep]), lo, hi)
+            out_s.append(gaps[0])
+            out_e.append(gaps[1])
+    return np.concatenate(out_s), np.concatenate(out_e)
+
+
+def innermost(start: I64, end: I64, rows: I64, points: I64) -> I64:
+    """For each point, the row (among ``rows``: nested ranges, Python frames) of the innermost range covering
+    it, -1 where none does. One sweep with a stack of open ranges: nested ranges close innermost first."""
+    out = np.full(points.size, -1, dtype=np.int64)
+    if rows.size == 0 or points.size == 0:
+        return out
+    order = rows[np.lexsort((-end[rows], start[rows]))]
+    s, e = start[order].tolist(), end[order].tolist()
+    stack: list[int] = []
+    k = 0
+    for j in np.argsort(points, kind="stable").tolist():
+        p = int(points[j])
+        while k < len(s) and s[k] <= p:
+            while stack and e[stack[-1]] <= s[k]:
+                stack.pop()
+            stack.append(k)
+            k += 1
+        while stack and e[stack[-1]] <= p:
+            stack.pop()
+        if stack:
+            out[j] = order[stack[-1]]
+    return out

@@ -1,0 +1,127 @@
+"""One-time start-up costs: paid once per process, never again in steady state.
+
+Context creation (the first ``cudaFree``/``cudaSetDevice``/device query that initialises the
+driver), module loading (the first launch of a kernel, when its code object is loaded), the
+first allocations of the caching allocator, stream creation and compilation (Dynamo/Inductor,
+NVRTC, XLA) can take seconds. Charged to a cause they read as per-step fixes ("stop syncing",
+"launch-bound, saves 6 s/step"); here they are found, and the idle under them is left out of
+every step and every gain, and shown once.
+
+A call is a start-up cost when it lasts at least :data:`STARTUP_MIN_NS` and
+
+- ``context``: it is the first call of its name on its thread and names driver initialisation;
+- ``module_load``: it is the first launch of its kernel and lasts over :data:`FIRST_LAUNCH_FACTOR`
+  times the median launch (or names module loading itself);
+- ``allocation``: no allocation that long comes in a later step (growth that stopped, not churn);
+- ``stream``: it creates a stream or event;
+- ``compile``: it is a compilation range.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.names import NameClasses
+from gpuidle.analysis.steps import StepWindow
+from gpuidle.model import I64, HostEvents, HostKind, Timeline
+
+STARTUP_MIN_NS = 1_000_000
+"""Below 1 ms a call is not worth setting apart, whatever it is."""
+FIRST_LAUNCH_FACTOR = 20.0
+CONTEXT = re.compile(
+    r"^(cuda|hip)Free$|^cuInit$|^cuCtx(Create|SetCurrent)|^cuDevicePrimaryCtx|^hipInit$|^(cuda|hip)SetDevice$"
+    r"|^(cuda|hip)GetDevice|^(cuda|hip)DeviceGet|^(cuda|hip)RuntimeGetVersion$|^(cuda|hip)DriverGetVersion$"
+)
+MODULE = re.compile(r"^cuModuleLoad|^cuLibraryLoad|^hipModuleLoad|^cudaFuncGetAttributes$")
+ALLOCATION = re.compile(r"^(cuda|hip)Malloc|^cuMemAlloc|^cuMemCreate|^(cuda|hip)HostAlloc$|^hipHostMalloc$"
+                        r"|^hipExtMalloc")
+STREAM = re.compile(r"^(cuda|hip)StreamCreate|^cuStreamCreate|^(cuda|hip)EventCreate")
+COMPILE = re.compile(
+    r"compile_inner|compile_fx|call_user_compiler|inductor_compile|create_aot_dispatcher_function|async_compile"
+    r"|^nvrtcCompileProgram$|^cuLink(Complete|Create)|^(hip|cu)rtcCompileProgram|XlaCompile|BackendCompile"
+    r"|^PjRtCompile|jit_compile",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Startup:
+    """Start-up calls: rows in ``tl.host``, their kind, and a readable name."""
+
+    rows: I64
+    kind: list[str]
+    label: list[str]
+
+    def ranges(self, tl: Timeline) -> iv.Intervals:
+        return iv.union(tl.host.start[self.rows], tl.host.end[self.rows])
+
+
+def find_startup(tl: Timeline, names: NameClasses, window: StepWindow, launchers: I64) -> Startup:
+    host, strings = tl.host, tl.strings
+    dur = host.end - host.start
+    long = dur >= STARTUP_MIN_NS
+    rt = host.kind == HostKind.RUNTIME
+    found: dict[int, tuple[str, str]] = {}
+    classes = {k: np.fromiter((p.search(s) is not None for s in strings), dtype=bool, count=len(strings))
+               for k, p in (("context", CONTEXT), ("module_load", MODULE), ("allocation", ALLOCATION),
+                            ("stream", STREAM), ("compile", COMPILE))}
+    if not strings:
+        return Startup(np.zeros(0, dtype=np.int64), [], [])
+    for i in np.flatnonzero(long & rt & classes["context"][host.name]):
+        if _first_of_name(host, int(i)):
+            found[int(i)] = ("context", strings[host.name[i]])
+    for kind in ("module_load", "stream"):
+        for i in np.flatnonzero(long & rt & classes[kind][host.name]):
+            found[int(i)] = (kind, strings[host.name[i]])
+    for i in np.flatnonzero(long & classes["compile"][host.name]):
+        found.setdefault(int(i), ("compile", strings[host.name[i]]))
+    _allocations(tl, window, long & rt & classes["allocation"][host.name], found)
+    _first_launches(tl, names, launchers, found)
+    rows = np.array(sorted(found, key=lambda r: (int(host.start[r]), r)), dtype=np.int64)
+    return Startup(rows, [found[int(r)][0] for r in rows], [found[int(r)][1] for r in rows])
+
+
+def _first_of_name(host: HostEvents, i: int) -> bool:
+    same = (host.name == host.name[i]) & (host.thread == host.thread[i])
+    return bool(host.start[i] <= host.start[same].min())
+
+
+def _allocations(tl: Timeline, window: StepWindow, rows_mask: np.ndarray, found: dict[int, tuple[str, str]]) -> None:
+    """Long allocations are start-up unless one comes in the last step too (the allocator churns every step)."""
+    rows = np.flatnonzero(rows_mask)
+    if rows.size == 0:
+        return
+    bounds = window.bounds
+    if bounds.size > 2:
+        last = (tl.host.start[rows] >= bounds[-2]) & (tl.host.start[rows] < bounds[-1])
+        if last.any():
+            return
+    for i in rows:
+        found.setdefault(int(i), ("allocation", tl.strings[tl.host.name[i]]))
+
+
+def _first_launches(tl: Timeline, names: NameClasses, launchers: I64, found: dict[int, tuple[str, str]]) -> None:
+    """The first launch of each kernel, far slower than the median launch: its module was loaded then."""
+    host, ops = tl.host, tl.device_ops
+    linked = np.flatnonzero(launchers >= 0)
+    if linked.size == 0:
+        return
+    calls = launchers[linked]
+    is_launch = names.launch_call[host.name[calls]]
+    linked, calls = linked[is_launch], calls[is_launch]
+    if calls.size == 0:
+        return
+    dur = host.end[calls] - host.start[calls]
+    limit = max(STARTUP_MIN_NS, FIRST_LAUNCH_FACTOR * float(np.median(dur)))
+    order = np.lexsort((host.start[calls], ops.name[linked]))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = ops.name[linked][order][1:] != ops.name[linked][order][:-1]
+    for j in order[first]:
+        if dur[j] >= limit:
+            call = int(calls[j])
+            kernel = tl.strings[int(ops.name[linked[j]])]
+            found.setdefault(call, ("module_load", f"{tl.strings[host.name[call]]} (first launch of {kernel[:80]})"))

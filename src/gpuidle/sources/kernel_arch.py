@@ -1,0 +1,53 @@
+"""The GPU family a trace's kernels were built for, read from their names.
+
+Vendor libraries name kernels after the architecture they target: cuBLAS/cuDNN's
+``volta_sgemm_128x64_nn``, ``turing_fp16_s1688gemm``, ``ampere_bf16_s16816gemm``,
+cuBLASLt/CUTLASS ``sm80_xmma_gemm``, ``sm90_xmma``/``wgmma``, ROCm's Tensile ``Cijk_…``
+with ``gfx90a``/``gfx942`` code objects. A kernel built for a family runs on it or a
+later one, so the newest family named is the least the device can be; a trace without
+``deviceProperties`` still tells a V100 from a GPU without tensor cores this way.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from gpuidle.model import DeviceOpKind, DeviceOps
+
+FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("maxwell", re.compile(r"^maxwell_")),
+    ("pascal", re.compile(r"^pascal_")),
+    ("volta", re.compile(r"^volta_|_volta_|^sm70_")),
+    ("turing", re.compile(r"^turing_|^sm75_")),
+    ("ampere", re.compile(r"^ampere_|^sm8[06]_|_sm8[06]_|cutlass_80_|_sm80\b")),
+    ("ada", re.compile(r"^sm89_|_sm89_")),
+    ("hopper", re.compile(r"^sm90a?_|_sm90a?_|wgmma|cutlass3x_sm90|_sm90\b")),
+    ("blackwell", re.compile(r"^sm10\d_|_sm10\d[af]?_|cutlass3x_sm10\d|tcgen05")),
+    ("cdna2", re.compile(r"gfx90a")),
+    ("cdna3", re.compile(r"gfx94[0-2]")),
+    ("cdna", re.compile(r"^Cijk_|^ck_|rocblas|miopen|MIOpen|hipblaslt", re.IGNORECASE)),
+)
+"""In order of age within a vendor: the last family found on a device wins."""
+ORDER = {name: i for i, (name, _) in enumerate(FAMILIES)}
+
+
+def family(kernel: str) -> str | None:
+    """The newest family a kernel name claims, or None."""
+    found = [name for name, pattern in FAMILIES if pattern.search(kernel)]
+    return max(found, key=lambda n: ORDER[n], default=None)
+
+
+def kernel_arch_by_device(strings: list[str], ops: DeviceOps) -> dict[int, str]:
+    """Per device, the newest family among its kernels' names (distinct names only)."""
+    out: dict[int, str] = {}
+    kernels = ops.kind == DeviceOpKind.KERNEL
+    for d in np.unique(ops.device[kernels]):
+        names = np.unique(ops.name[kernels & (ops.device == d)])
+        found = [f for n in names if (f := family(strings[int(n)])) is not None]
+        cdna = [f for f in found if f.startswith("cdna")]
+        best = max(cdna or found, key=lambda n: ORDER[n], default=None)
+        if best is not None:
+            out[int(d)] = best
+    return out
