@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,10 +26,13 @@ from gpuidle.errors import GpuidleError, InputNotFound
 from gpuidle.jobs.executors import LocalPool, Progress, executor_for
 from gpuidle.jobs.merge import merge_job
 from gpuidle.jobs.plan import plan_inputs
+from gpuidle.jobs.rank import RankOutcome
 from gpuidle.model import (
     AnalysisReport,
     Comparison,
     DeviceTimeline,
+    FleetJob,
+    FleetReport,
     IdleTimeline,
     StepSeries,
     Timeline,
@@ -51,10 +55,10 @@ if TYPE_CHECKING:
     from gpuidle.analysis import compare as comparison
 
 __all__ = [
-    "TRACE_SUFFIXES", "Progress", "analysis_inputs", "analyze", "analyze_series", "analyze_tracker",
-    "annotate_trace", "compare_runs", "describe_inputs", "find_trace_files", "idle_timeline", "input_size",
-    "load_run", "read_timelines", "record_analysis", "summarize_log", "timeline_for", "utilization_facts",
-    "with_cost",
+    "TRACE_SUFFIXES", "JobResult", "Jobs", "Progress", "analysis_inputs", "analyze", "analyze_jobs",
+    "analyze_series", "analyze_tracker", "annotate_trace", "compare_runs", "describe_inputs", "find_trace_files",
+    "fleet_report", "idle_timeline", "input_size", "load_run", "read_timelines", "record_analysis",
+    "summarize_log", "timeline_for", "utilization_facts", "with_cost",
 ]
 
 # Commands import this module whole; what only some of them use (the ledger, counter logs,
@@ -85,11 +89,80 @@ def analyze(
     planned = plan_inputs(paths)
     if planned.fleet:
         raise GpuidleError(f"{paths[0]} is a folder of jobs ({len(planned.jobs)} found), not one job's traces",
-                           "analyse it with analyze_fleet (on the command line, gpuidle analyze takes both)")
+                           "analyse it with analyze_jobs (on the command line, gpuidle analyze takes both)")
     (job,) = planned.jobs
     if job.tracker:
         return analyze_tracker(paths, warn, include_warmup)
     return merge_job(paths, executor_for(scheduler, workers).run(job.files, progress), warn, include_warmup)
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """One job of a submit: its report, or the one line saying why it has none."""
+
+    name: str
+    path: str
+    report: AnalysisReport | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Jobs:
+    fleet: bool
+    """The inputs were folders of jobs (one report per job, and a fleet table), not one job."""
+    results: list[JobResult]
+
+
+def analyze_jobs(
+    paths: Sequence[str | Path],
+    workers: int | None = None,
+    progress: Progress | None = None,
+    warn: Callable[[str], None] | None = None,
+    include_warmup: bool = False,
+    scheduler: str | None = None,
+) -> Jobs:
+    """Analyse one job, or every job of folders of jobs (see :mod:`gpuidle.jobs.plan` for which is which).
+
+    Every rank of every job goes to the executor in one submit; each job is then merged alone. In a
+    folder of jobs, a job none of whose files can be read is that job's error, and the others go on;
+    one job alone raises as :func:`analyze` does.
+    """
+    planned = plan_inputs(paths)
+    if not planned.fleet:
+        return Jobs(False, [JobResult(planned.jobs[0].name, str(paths[0]),
+                                      analyze(paths, workers, progress, warn, include_warmup, scheduler))])
+    files = [f for job in planned.jobs for f in job.files]
+    by_file: dict[str, list[RankOutcome]] = {}
+    for o in executor_for(scheduler, workers).run(files, progress) if files else []:
+        by_file.setdefault(o.path, []).append(o)
+    results = []
+    for job in planned.jobs:
+        said = (lambda line, name=job.name: warn(f"{name}: {line}")) if warn else None
+        try:
+            report = analyze_tracker(job.paths, said, include_warmup) if job.tracker else \
+                merge_job(job.paths, [o for f in job.files for o in by_file.get(f, [])], said, include_warmup)
+        except GpuidleError as err:
+            results.append(JobResult(job.name, job.paths[0], None, str(err)))
+            continue
+        results.append(JobResult(job.name, job.paths[0], report))
+    return Jobs(True, results)
+
+
+def fleet_report(jobs: Sequence[JobResult], paths: Sequence[str | Path], hours: float = 1.0,
+                 price_per_gpu_hour: float | None = None, written: dict[str, str] | None = None,
+                 run_ids: dict[str, int] | None = None) -> FleetReport:
+    """The fleet table of analysed jobs: per job its GPUs, utilization, GPU-hours idle by cause per ``hours``
+    of training and top fix; the fleet's GPU-hours per cause, and their cost at ``price_per_gpu_hour``.
+    ``written`` and ``run_ids`` (by job name) say where each job's report went."""
+    from gpuidle.advice import fleet
+
+    rows = []
+    for j in jobs:
+        row = fleet.fleet_job(j.name, j.path, j.report, hours) if j.report is not None else \
+            FleetJob(name=j.name, path=j.path, error=j.error)
+        rows.append(msgspec.structs.replace(row, report=(written or {}).get(j.name),
+                                            run_id=(run_ids or {}).get(j.name)))
+    return fleet.fleet_report([str(p) for p in paths], rows, hours, price_per_gpu_hour)
 
 
 def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None,

@@ -61,7 +61,7 @@ def plan_inputs(paths: Sequence[str | Path]) -> InputPlan:
         raise GpuidleError(f"{_shown(job_traces[0])} holds one job's traces, but another input is a folder of jobs",
                            "give folders of jobs, or one job's traces, not both")
     if jobs:
-        return InputPlan(jobs, fleet=True)
+        return InputPlan(_named_once(jobs), fleet=True)
     return InputPlan([JobInput(_name(given[0]), given, files)], fleet=False)
 
 
@@ -77,6 +77,17 @@ def job_folders(path: str) -> list[JobInput]:
         except InputNotFound:
             continue
     return jobs
+
+
+def _named_once(jobs: list[JobInput]) -> list[JobInput]:
+    """Jobs of the same name in two folders of jobs: the later ones get ``~2``, ``~3``."""
+    seen: dict[str, int] = {}
+    out = []
+    for job in jobs:
+        seen[job.name] = seen.get(job.name, 0) + 1
+        n = seen[job.name]
+        out.append(job if n == 1 else JobInput(f"{job.name}~{n}", job.paths, job.files, job.tracker))
+    return out
 
 
 def _is_tracker(path: str) -> bool:
