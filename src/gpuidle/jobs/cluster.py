@@ -3,8 +3,9 @@
 Each file is one task that runs :func:`gpuidle.jobs.rank.analyze_file` on a worker: the worker opens the
 file itself (a shared filesystem path or an fsspec URL), and only the compact per-rank result comes back.
 A worker that dies mid-task is Dask's to handle: the scheduler reschedules the task, up to its
-``distributed.scheduler.allowed-failures``; a file that keeps killing its workers comes back as that
-file's one-line error. The client never waits without bound: connecting gives up after
+``distributed.scheduler.allowed-failures``. A file given up that way is tried once more, alone (on a
+crowded worker it may only have shared the fate of the file that kills workers); failing again, it
+comes back as that file's one-line error. The client never waits without bound: connecting gives up after
 :data:`CONNECT_TIMEOUT_S`, and ranks still pending when the cluster has had no worker for
 :data:`NO_WORKER_TIMEOUT_S` are reported as lost.
 """
@@ -29,6 +30,8 @@ NO_WORKER_TIMEOUT_S = 60.0
 POLL_S = 1.0
 """How often the client looks at the cluster while no result arrives."""
 
+KILLED = ("the workers reading it died (out of memory, or killed) each time it was tried, also alone: "
+          "given up (distributed.scheduler.allowed-failures)")
 _INSTALL = "pip install 'gpuidle[dask]' on the client and on every worker"
 
 
@@ -49,10 +52,15 @@ class DaskCluster:
                 raise GpuidleError(f"the Dask scheduler at {self.address} has had no worker for "
                                    f"{self.no_worker_timeout_s:g} s", "start workers: dask worker ADDRESS") from None
             run = uuid.uuid4().hex[:12]
-            futures = {client.submit(analyze_file, f, key=f"gpuidle-{run}-{i}-{os.path.basename(f)}", pure=False): f
+            futures = {client.submit(analyze_file, f, key=_key(run, i, f), pure=False): f
                        for i, f in enumerate(files)}
             with client.as_current():  # distributed.wait finds its client this way
-                return ordered(self._gather(client, futures, progress))
+                out, killed = self._gather(client, futures, progress)
+                for i, f in enumerate(killed):  # alone, each: only the file that kills its workers is lost
+                    again, lost = self._gather(client, {client.submit(analyze_file, f, key=_key(run, -i, f),
+                                                                      pure=False): f}, None)
+                    out.extend(again + [failed(f, KILLED) for f in lost])
+            return ordered(out)
 
     @contextmanager
     def _client(self) -> Iterator[Any]:
@@ -74,10 +82,14 @@ class DaskCluster:
         finally:
             client.close()  # type: ignore[no-untyped-call]
 
-    def _gather(self, client: Any, futures: dict[Any, str], progress: Progress | None) -> list[RankOutcome]:
-        from distributed import wait
+    def _gather(self, client: Any, futures: dict[Any, str],
+                progress: Progress | None) -> tuple[list[RankOutcome], list[str]]:
+        """The outcomes of the tasks, and the files whose workers died each time they were tried: on a
+        crowded worker, a file can share the fate of the one that kills it."""
+        from distributed import KilledWorker, wait
 
         out: list[RankOutcome] = []
+        killed: list[str] = []
         pending = set(futures)
         idle_s = 0.0
         while pending:
@@ -93,10 +105,13 @@ class DaskCluster:
                 continue
             idle_s = 0.0
             for fut in finished:
-                out.extend(_outcome(fut, futures[fut]))
+                if fut.status == "error" and isinstance(fut.exception(), KilledWorker):
+                    killed.append(futures[fut])
+                else:
+                    out.extend(_outcome(fut, futures[fut]))
                 if progress:
                     progress("ranks", len(futures) - len(pending), len(futures))
-        return out
+        return out, sorted(killed)
 
     def _workers(self, client: Any) -> int:
         try:
@@ -108,20 +123,20 @@ class DaskCluster:
 
 def _outcome(fut: Any, path: str) -> list[RankOutcome]:
     """A task's result, or its failure as the file's one line."""
-    from distributed import KilledWorker
-
     if fut.status == "finished":
         result: list[RankOutcome] = fut.result()
         return result
     if fut.status == "cancelled":
         return [failed(path, "cancelled on the cluster")]
     err = fut.exception()
-    if isinstance(err, KilledWorker):
-        return [failed(path, "the workers reading it died (out of memory, or killed), each time it was tried: "
-                             "given up (distributed.scheduler.allowed-failures)")]
     if isinstance(err, ModuleNotFoundError) and "gpuidle" in str(err):
         raise GpuidleError("the Dask workers cannot import gpuidle", _INSTALL)
     return [failed(path, f"failed on the cluster: {type(err).__name__}: {err}")]
+
+
+def _key(run: str, i: int, path: str) -> str:
+    """The task's name on the cluster: unique to this run, and saying which file it reads."""
+    return f"gpuidle-{run}-{i}-{os.path.basename(path)}"
 
 
 @contextmanager
