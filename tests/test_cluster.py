@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATA
-from remote_servers import free_port
 
+from conftest import DATA
 from gpuidle import api
 from gpuidle.errors import GpuidleError
 from gpuidle.jobs.cluster import DaskCluster
 from gpuidle.jobs.executors import LocalPool
 from gpuidle.jobs.rank import analyze_file
+from remote_servers import free_port
 
 distributed = pytest.importorskip("distributed")
 import cloudpickle  # noqa: E402  (distributed's own dependency)
