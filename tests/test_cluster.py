@@ -171,3 +171,18 @@ def test_local_pool_and_cluster_sort_the_same(cluster: Any, job: Path) -> None:
     remote = [(o.path, o.analysis.report.rank if o.analysis else None)
               for o in DaskCluster(cluster.scheduler_address).run(files)]
     assert remote == local
+
+
+def test_a_bad_input_is_refused_the_same_way(cluster: Any, tmp_path: Path) -> None:
+    bad = tmp_path / "rank0.json"
+    bad.write_text('{"traceEvents": [')
+    errors = []
+    for scheduler in (None, cluster.scheduler_address):
+        with pytest.raises(GpuidleError) as err:
+            api.analyze([bad], scheduler=scheduler)
+        errors.append(str(err.value))
+    assert errors[0] == errors[1]
+    assert bad.read_text() == '{"traceEvents": ['
+    with pytest.raises(GpuidleError, match="no such file") as missing:
+        api.analyze([tmp_path / "nothing"], scheduler=cluster.scheduler_address)
+    assert "Dask" not in str(missing.value)  # refused on the client, before any task

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TRACE_SUFFIXES", "JobResult", "Jobs", "Progress", "analysis_inputs", "analyze", "analyze_jobs",
     "analyze_series", "analyze_tracker", "annotate_trace", "compare_runs", "describe_inputs", "find_trace_files",
-    "fleet_report", "idle_timeline", "input_size", "load_run", "read_timelines", "record_analysis",
+    "fleet_report", "idle_timeline", "input_size", "load_run", "plan_inputs", "read_timelines", "record_analysis",
     "summarize_log", "timeline_for", "utilization_facts", "with_cost",
 ]
 

@@ -82,7 +82,7 @@ def _progress(paths: Sequence[str], enabled: bool) -> Iterator[api.Progress | No
     from gpuidle import api
 
     try:
-        size = sum(api.input_size(f) for p in paths for f in api.find_trace_files(p))
+        size = sum(api.input_size(f) for job in api.plan_inputs(paths).jobs for f in job.files)
     except GpuidleError:
         size = 0
     if size < PROGRESS_MIN_BYTES:
