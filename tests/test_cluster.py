@@ -8,6 +8,7 @@ runs it.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pickle
@@ -83,7 +84,7 @@ def test_only_a_compact_result_comes_back(job: Path) -> None:
         (outcome,) = analyze_file(str(f))
         assert outcome.analysis is not None
         sent = len(pickle.dumps([outcome]))
-        events = len(json.loads(__import__("gzip").decompress(f.read_bytes()))["traceEvents"])
+        events = len(json.loads(gzip.decompress(f.read_bytes()))["traceEvents"])
         assert sent < 100 * events  # bytes per event of the trace: its summary does not grow with the trace
         assert sent < f.stat().st_size
 

@@ -52,12 +52,12 @@ class DaskCluster:
                 raise GpuidleError(f"the Dask scheduler at {self.address} has had no worker for "
                                    f"{self.no_worker_timeout_s:g} s", "start workers: dask worker ADDRESS") from None
             run = uuid.uuid4().hex[:12]
-            futures = {client.submit(analyze_file, f, key=_key(run, i, f), pure=False): f
+            futures = {client.submit(analyze_file, f, key=_key(run, str(i), f), pure=False): f
                        for i, f in enumerate(files)}
             with client.as_current():  # distributed.wait finds its client this way
                 out, killed = self._gather(client, futures, progress)
                 for i, f in enumerate(killed):  # alone, each: only the file that kills its workers is lost
-                    again, lost = self._gather(client, {client.submit(analyze_file, f, key=_key(run, -i, f),
+                    again, lost = self._gather(client, {client.submit(analyze_file, f, key=_key(run, f"alone{i}", f),
                                                                       pure=False): f}, None)
                     out.extend(again + [failed(f, KILLED) for f in lost])
             return ordered(out)
@@ -134,9 +134,9 @@ def _outcome(fut: Any, path: str) -> list[RankOutcome]:
     return [failed(path, f"failed on the cluster: {type(err).__name__}: {err}")]
 
 
-def _key(run: str, i: int, path: str) -> str:
-    """The task's name on the cluster: unique to this run, and saying which file it reads."""
-    return f"gpuidle-{run}-{i}-{os.path.basename(path)}"
+def _key(run: str, tag: str, path: str) -> str:
+    """The task's name on the cluster: unique to this run and try, and saying which file it reads."""
+    return f"gpuidle-{run}-{tag}-{os.path.basename(path)}"
 
 
 @contextmanager
