@@ -378,7 +378,7 @@ def test_unreadable_rank_file_is_skipped_with_a_warning(tmp_path: Path) -> None:
         t.write(tmp_path / f"rank{rank}.json", gz=False).chmod(0o644)
     (tmp_path / "rank1.json").chmod(0)
     proc = as_unprivileged("--json", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("gpuidle: warning: skipped ")
     assert "rank1.json" in proc.stderr
     assert "Permission denied" in proc.stderr

@@ -11,35 +11,35 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 import numpy as np
 
-from gpuidle.advice.cuda import CUDA_APPLICATION, for_cuda
-from gpuidle.advice.frameworks import in_framework
-from gpuidle.advice.rules import recommend, straggler_recommendations
-from gpuidle.advice.whatif import Proposal, plan
 from gpuidle.analysis.binning import slice_shares
 from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.intervals import Intervals
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
-from gpuidle.analysis.ranks import job_report, match_collectives, waiting_intervals
+from gpuidle.analysis.ranks import match_collectives, waiting_intervals
 from gpuidle.analysis.steps import step_window
-from gpuidle.analysis.summary import RankAnalysis, summarize_rank
 from gpuidle.errors import GpuidleError, InputNotFound
+from gpuidle.jobs.executors import LocalPool, Progress, executor_for
+from gpuidle.jobs.merge import merge_job
+from gpuidle.jobs.plan import plan_inputs
+from gpuidle.jobs.rank import RankOutcome
 from gpuidle.model import (
     AnalysisReport,
     Comparison,
     DeviceTimeline,
+    FleetJob,
+    FleetReport,
     IdleTimeline,
-    Source,
     StepSeries,
     Timeline,
     UtilizationReport,
 )
-from gpuidle.sources import inputs, kineto, tracker
+from gpuidle.sources import inputs, tracker
 from gpuidle.sources.formats import (
     TRACE_SUFFIXES,
     find_trace_files,
@@ -56,38 +56,18 @@ if TYPE_CHECKING:
     from gpuidle.analysis import compare as comparison
 
 __all__ = [
-    "TRACE_SUFFIXES",
-    "Input",
-    "Inputs",
-    "analysis_inputs",
-    "analyze",
-    "analyze_series",
-    "analyze_tracker",
-    "annotate_trace",
-    "as_inputs",
-    "compare_runs",
-    "describe_inputs",
-    "find_trace_files",
-    "idle_timeline",
-    "input_size",
-    "load_run",
-    "read_timelines",
-    "record_analysis",
-    "summarize_log",
-    "timeline_for",
-    "utilization_facts",
-    "with_cost",
+    "TRACE_SUFFIXES", "Input", "Inputs", "JobResult", "Jobs", "Progress", "analysis_inputs", "analyze",
+    "analyze_jobs", "analyze_series", "analyze_tracker", "annotate_trace", "as_inputs", "compare_runs",
+    "describe_inputs", "find_trace_files", "fleet_report", "idle_timeline", "input_size", "load_run", "plan_inputs",
+    "read_timelines", "record_analysis", "summarize_log", "timeline_for", "utilization_facts", "with_cost",
 ]
 
 # Commands import this module whole; what only some of them use (the ledger, counter logs,
 # tracker jobs, comparisons, annotated traces, worker processes) is imported where used.
 
-Progress = Callable[[str, int, int], None]
-"""``(what, done, total)``: bytes of one file, or files of a job."""
-
-Input = str | os.PathLike[str]
+Input: TypeAlias = str | os.PathLike[str]
 """One input: a local path (file or folder) or a URL (``s3://bucket/job/``)."""
-Inputs = Input | Sequence[Input]
+Inputs: TypeAlias = Input | Sequence[Input]
 """One input, or several (the ranks of a job)."""
 
 
@@ -98,36 +78,13 @@ def as_inputs(paths: Inputs) -> list[str]:
     return [os.fspath(p) for p in paths]
 
 
-@dataclass(frozen=True, slots=True)
-class _Outcome:
-    path: str
-    analysis: RankAnalysis | None
-    error: str | None
-    format: str = kineto.FORMAT
-    framework: str | None = None
-
-
-def _outcomes(path: str, progress: Callable[[int, int], None] | None = None) -> list[_Outcome]:
-    """One file's ranks: any failure, even a bug, is that file's outcome, not the job's."""
-    try:
-        return [_Outcome(path, summarize_rank(tl), None, tl.meta.format, tl.meta.framework)
-                for tl in read_timelines(path, progress)]
-    except GpuidleError as err:
-        return [_Outcome(path, None, str(err))]
-    except Exception as err:  # one rank's crash, even a bug, must not take the folder down
-        return [_Outcome(path, None, " ".join(f"failed: {type(err).__name__}: {err}".split()))]
-
-
-def _analyze_file(path: str) -> list[_Outcome]:
-    return _outcomes(path)
-
-
 def analyze(
     paths: Inputs,
     workers: int | None = None,
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
     include_warmup: bool = False,
+    scheduler: str | None = None,
 ) -> AnalysisReport:
     """Analyse one trace or a job (a folder of per-rank traces, or several files).
 
@@ -135,49 +92,92 @@ def analyze(
     warm-up, profiler or outlier, left out) unless ``include_warmup``.
 
     Files are analysed one per worker process (at most ``workers``, default the CPU
-    count), so the parent holds only the small per-rank results. A file that cannot
-    be read is skipped with a warning when others remain; alone, it raises. A folder the
-    in-process tracker wrote (``gpuidle.torch.StepTracker``) is read as such.
+    count), so the parent holds only the small per-rank results; given a Dask
+    ``scheduler`` address (or ``DASK_SCHEDULER_ADDRESS``, or Dask's configuration), one
+    task per file on that cluster instead. A file that cannot be read is skipped with a
+    warning when others remain; alone, it raises. A folder the in-process tracker wrote
+    (``gpuidle.torch.StepTracker``) is read as such. A folder of jobs is refused here:
+    :func:`analyze_fleet` takes it.
     """
     paths = as_inputs(paths)
-    if any(not inputs.is_url(p) and tracker.is_tracker_path(p) for p in paths):
+    planned = plan_inputs(paths)
+    if planned.fleet:
+        raise GpuidleError(f"{paths[0]} is a folder of jobs ({len(planned.jobs)} found), not one job's traces",
+                           "analyse it with analyze_jobs (on the command line, gpuidle analyze takes both)")
+    (job,) = planned.jobs
+    if job.tracker:
         return analyze_tracker(paths, warn, include_warmup)
-    files = [f for p in paths for f in find_trace_files(p)]
-    outcomes = _run(files, workers, progress)
-    good = [o for o in outcomes if o.analysis is not None]
-    skipped = [f"{o.path}: {o.error}" for o in outcomes if o.error is not None]
-    if not good:
-        if len(outcomes) == 1 and outcomes[0].error is not None:
-            raise GpuidleError(outcomes[0].error or "unreadable trace")
-        raise GpuidleError(f"none of the {len(files)} files is a readable GPU trace; first: {skipped[0]}")
-    for line in skipped:
-        if warn:
-            warn(f"skipped {line}")
-    analyses = sorted((o.analysis for o in good if o.analysis is not None), key=lambda a: a.report.rank)
-    analyses, duplicates = _dedupe_ranks(analyses, warn)
-    job = job_report(analyses, duplicates, include_warmup) if len(analyses) > 1 else None
-    proposals: list[Proposal] = []
-    for a in analyses:
-        proposals.extend(recommend(a.report, a.accumulation_repeats, include_all=include_warmup))
-    reports = [a.report for a in analyses]
-    if job is not None:
-        proposals.extend(straggler_recommendations(job, reports, include_warmup))
-    framework = _one({o.framework for o in good})
-    if framework == CUDA_APPLICATION:
-        proposals = for_cuda(proposals)
-    proposals = in_framework(proposals, framework)
-    recs, combined = plan(proposals, reports, include_warmup, job)
-    return AnalysisReport(
-        source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
-                      skipped=skipped, framework=framework),
-        ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
-    )
+    return merge_job(paths, executor_for(scheduler, workers).run(job.files, progress), warn, include_warmup)
 
 
-def _one(values: set[str | None]) -> str | None:
-    """The one value of a job's files, or their sorted list joined by ``+`` when they differ."""
-    known = sorted(v for v in values if v)
-    return "+".join(known) if known else None
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """One job of a submit: its report, or the one line saying why it has none."""
+
+    name: str
+    path: str
+    report: AnalysisReport | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Jobs:
+    fleet: bool
+    """The inputs were folders of jobs (one report per job, and a fleet table), not one job."""
+    results: list[JobResult]
+
+
+def analyze_jobs(
+    paths: Inputs,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    warn: Callable[[str], None] | None = None,
+    include_warmup: bool = False,
+    scheduler: str | None = None,
+) -> Jobs:
+    """Analyse one job, or every job of folders of jobs (see :mod:`gpuidle.jobs.plan` for which is which).
+
+    Every rank of every job goes to the executor in one submit; each job is then merged alone. In a
+    folder of jobs, a job none of whose files can be read is that job's error, and the others go on;
+    one job alone raises as :func:`analyze` does.
+    """
+    paths = as_inputs(paths)
+    planned = plan_inputs(paths)
+    if not planned.fleet:
+        return Jobs(False, [JobResult(planned.jobs[0].name, str(paths[0]),
+                                      analyze(paths, workers, progress, warn, include_warmup, scheduler))])
+    files = [f for job in planned.jobs for f in job.files]
+    by_file: dict[str, list[RankOutcome]] = {}
+    for o in executor_for(scheduler, workers).run(files, progress) if files else []:
+        by_file.setdefault(o.path, []).append(o)
+    results = []
+    for job in planned.jobs:
+        said = (lambda line, name=job.name: warn(f"{name}: {line}")) if warn else None
+        try:
+            report = analyze_tracker(job.paths, said, include_warmup) if job.tracker else \
+                merge_job(job.paths, [o for f in job.files for o in by_file.get(f, [])], said, include_warmup)
+        except GpuidleError as err:
+            results.append(JobResult(job.name, job.paths[0], None, str(err)))
+            continue
+        results.append(JobResult(job.name, job.paths[0], report))
+    return Jobs(True, results)
+
+
+def fleet_report(jobs: Sequence[JobResult], paths: Sequence[str | Path], hours: float = 1.0,
+                 price_per_gpu_hour: float | None = None, written: dict[str, str] | None = None,
+                 run_ids: dict[str, int] | None = None) -> FleetReport:
+    """The fleet table of analysed jobs: per job its GPUs, utilization, GPU-hours idle by cause per ``hours``
+    of training and top fix; the fleet's GPU-hours per cause, and their cost at ``price_per_gpu_hour``.
+    ``written`` and ``run_ids`` (by job name) say where each job's report went."""
+    from gpuidle.advice import fleet
+
+    rows = []
+    for j in jobs:
+        row = fleet.fleet_job(j.name, j.path, j.report, hours) if j.report is not None else \
+            FleetJob(name=j.name, path=j.path, error=j.error)
+        rows.append(msgspec.structs.replace(row, report=(written or {}).get(j.name),
+                                            run_id=(run_ids or {}).get(j.name)))
+    return fleet.fleet_report([str(p) for p in paths], rows, hours, price_per_gpu_hour)
 
 
 def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None,
@@ -199,51 +199,6 @@ def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 
     from gpuidle.advice import calc
 
     return msgspec.structs.replace(report, cost=calc.cost_from_report(report, price_per_gpu_hour, hours))
-
-
-def _run(files: list[str], workers: int | None, progress: Progress | None) -> list[_Outcome]:
-    if len(files) == 1:
-        path = files[0]
-        return _outcomes(path, (lambda done, total: progress(path, done, total)) if progress else None)
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
-    n = max(1, min(workers or os.cpu_count() or 1, len(files)))
-    out: list[_Outcome] = []
-    lost: list[str] = []
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = {pool.submit(_analyze_file, f): f for f in files}
-        for done, fut in enumerate(as_completed(futures), 1):
-            try:
-                out.extend(fut.result())
-            except BrokenProcessPool:  # a worker died (killed, out of memory): every pending file fails
-                lost.append(futures[fut])
-            if progress:
-                progress("ranks", done, len(files))
-    for f in sorted(lost):  # alone, each in a fresh worker: only the file that kills its worker is lost
-        with ProcessPoolExecutor(max_workers=1) as alone:
-            try:
-                out.extend(alone.submit(_analyze_file, f).result())
-            except BrokenProcessPool:
-                out.append(_Outcome(f, None, "the worker reading it died (out of memory, or killed)"))
-    return sorted(out, key=lambda o: (o.path, o.analysis.report.rank if o.analysis else -1))
-
-
-def _dedupe_ranks(
-    analyses: list[RankAnalysis], warn: Callable[[str], None] | None,
-) -> tuple[list[RankAnalysis], list[int]]:
-    """Keep the first file of each rank; report the rank numbers seen twice."""
-    seen: dict[int, RankAnalysis] = {}
-    duplicates: list[int] = []
-    for a in analyses:
-        r = a.report.rank
-        if r in seen:
-            duplicates.append(r)
-            if warn:
-                warn(f"rank {r} appears twice ({seen[r].report.path}, {a.report.path}): the second is ignored")
-            continue
-        seen[r] = a
-    return list(seen.values()), sorted(set(duplicates))
 
 
 # ----------------------------------------------------------------------------------
@@ -356,7 +311,7 @@ def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS) -> IdleTimel
     worst = min(report.ranks, key=lambda r: (r.primary().utilization, r.rank))
     # waiting for the last rank needs every rank's collectives: analyse the job again
     files = sorted({r.path for r in report.ranks})
-    analyses = [o.analysis for o in _run(files, None, None) if o.analysis is not None]
+    analyses = [o.analysis for o in LocalPool().run(files) if o.analysis is not None]
     mine = next(a for a in analyses if a.report.path == worst.path and a.report.rank == worst.rank)
     waits = waiting_intervals(mine, match_collectives(analyses))
     tl = idle_timeline(worst.path, bins, {mine.primary_device: waits}, rank=worst.rank)

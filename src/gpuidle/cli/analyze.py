@@ -50,6 +50,11 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
     an.add_argument("--top", type=positive_int, default=3, help="recommendations to show (default 3)")
     an.add_argument("--workers", type=positive_int, default=None,
                     help="processes for a folder of ranks (default: CPU count)")
+    an.add_argument("--scheduler", metavar="ADDRESS",
+                    help="run the per-rank work on this Dask scheduler (tcp://host:8786; default: "
+                         "$DASK_SCHEDULER_ADDRESS, else scheduler-address in Dask's configuration, else this machine)")
+    an.add_argument("--out-dir", metavar="DIR",
+                    help="for a folder of jobs: write each job's report to DIR/JOB.json (.md, .txt with --format)")
     an.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     an.add_argument("--include-warmup", action="store_true",
                     help="keep warm-up, profiler and outlier steps in per-step figures and gains "
@@ -80,7 +85,7 @@ def _progress(paths: Sequence[str], enabled: bool) -> Iterator[api.Progress | No
     from gpuidle import api
 
     try:
-        size = sum(api.input_size(f) for p in paths for f in api.find_trace_files(p))
+        size = sum(api.input_size(f) for job in api.plan_inputs(paths).jobs for f in job.files)
     except GpuidleError:
         size = 0
     if size < PROGRESS_MIN_BYTES:
@@ -102,15 +107,31 @@ def _progress(paths: Sequence[str], enabled: bool) -> Iterator[api.Progress | No
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit code 0, or 1 when the report leaves out a rank, a file or a job that could not be analysed."""
     from gpuidle import api
-    from gpuidle.report.common import RenderOptions
 
     fmt = format_for(REPORT_FORMATS, refuse_conflicting_formats(args), args.out)
     outputs = {"--out": args.out, "--html": args.html, "--annotate": args.annotate}
     refuse_overwriting_inputs(args.paths, outputs)
     with _progress(args.paths, not args.no_progress) as progress:
-        report = api.analyze(args.paths, workers=args.workers, progress=progress, warn=warn,
-                             include_warmup=args.include_warmup)
+        jobs = api.analyze_jobs(args.paths, workers=args.workers, progress=progress, warn=warn,
+                                include_warmup=args.include_warmup, scheduler=args.scheduler)
+    if jobs.fleet:
+        from gpuidle.cli.fleet import report_fleet
+
+        return report_fleet(args, jobs, fmt)
+    if args.out_dir:
+        raise GpuidleError("--out-dir is for a folder of jobs; this is one job", "give --out FILE instead")
+    report = jobs.results[0].report
+    assert report is not None  # one job alone raises rather than return no report
+    return _report_job(args, report, fmt)
+
+
+def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str) -> int:
+    from gpuidle import api
+    from gpuidle.report.common import RenderOptions
+
+    outputs = {"--out": args.out, "--html": args.html, "--annotate": args.annotate}
     refuse_overwriting_inputs(api.analysis_inputs(report), outputs)  # the traces found in a folder
     if args.price_per_gpu_hour is not None:
         report = api.with_cost(report, args.price_per_gpu_hour, args.hours)
@@ -122,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         from gpuidle.report.registry import renderer_class
 
         emit(renderer_class(fmt)().render(report, options), args.out)
-    _record(args, report)
+    record(args, report, args.label)
     if pages or args.annotate:
         timeline = api.timeline_for(report)
         if timeline.note:
@@ -137,13 +158,13 @@ def run(args: argparse.Namespace) -> int:
                 emit(page, out)
         if args.annotate:
             api.annotate_trace(timeline.path, args.annotate, timeline)
-    return 0
+    return 1 if report.source.skipped else 0
 
 
-def _record(args: argparse.Namespace, report: AnalysisReport) -> None:
+def record(args: argparse.Namespace, report: AnalysisReport, label: str | None) -> int | None:
     """Keep the run in the ledger; a ledger problem is a warning, never a failed analysis."""
     if ledger_path(args) is None:
-        return
+        return None
     import msgspec
 
     from gpuidle import api
@@ -151,4 +172,4 @@ def _record(args: argparse.Namespace, report: AnalysisReport) -> None:
 
     facts = analysis_facts(report)
     facts.update(Facts(notes=args.notes, batch_size=args.batch_size))
-    record_run(args, "analyze", msgspec.json.encode(report), args.label, api.analysis_inputs(report), **facts)
+    return record_run(args, "analyze", msgspec.json.encode(report), label, api.analysis_inputs(report), **facts)

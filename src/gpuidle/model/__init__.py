@@ -9,6 +9,7 @@ package uses.
 
 from __future__ import annotations
 
+from .fleet import FLEET_SCHEMA, FleetJob, FleetReport
 from .jsonio import JsonStruct
 from .metrics import (
     EXPORTER_METRICS,
@@ -128,6 +129,7 @@ __all__ = [
     "EXPORTER_METRICS",
     "F64",
     "FILE_READ_CALLS",
+    "FLEET_SCHEMA",
     "GPU_GAUGES",
     "GPU_LABELS",
     "GPU_METRICS",
@@ -173,6 +175,8 @@ __all__ = [
     "DeviceSeries",
     "DeviceTimeline",
     "DeviceUtil",
+    "FleetJob",
+    "FleetReport",
     "Gain",
     "GpuInfo",
     "GpuSample",

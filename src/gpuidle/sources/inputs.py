@@ -170,6 +170,27 @@ def list_files(path: str | Path, suffixes: tuple[str, ...], what: str) -> list[s
     return found
 
 
+def list_folders(path: str | Path) -> list[str]:
+    """The folders directly inside a local folder, or the prefixes directly under a URL's prefix; none for a file.
+
+    :raises InputNotFound: nothing there, or it cannot be read.
+    """
+    if not is_url(path):
+        p = Path(path)
+        try:
+            return sorted(str(f) for f in p.iterdir() if f.is_dir()) if p.is_dir() else []
+        except OSError as err:
+            raise InputNotFound(f"{p}: cannot read ({err.strerror})") from None
+    url = str(path)
+    if _protocol(url) in ("http", "https") or not is_folder(url):
+        return []  # a web server's folder listing is not a set of prefixes
+    fs, where = _filesystem(url)
+    with _remote_errors(url):
+        entries = fs.ls(where, detail=True)
+    return sorted((fs.unstrip_protocol(e["name"]) if "://" not in e["name"] else e["name"]).rstrip("/") + "/"
+                  for e in entries if e.get("type") == "directory")
+
+
 def regular_size(path: str) -> int:
     """The size of a regular file; anything else (a FIFO, a device, no permission) is a one-line error."""
     try:

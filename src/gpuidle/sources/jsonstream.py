@@ -23,13 +23,13 @@ before or after it; both parts are returned as one header dict.
 from __future__ import annotations
 
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, Generic, TypeVar
 
 import msgspec
 
 from gpuidle.errors import CorruptInput, GpuidleError, NotATrace
+from gpuidle.sources.inflate import gunzipper, inflate_errors
 from gpuidle.sources.inputs import is_url, open_input, opened_size, regular_size
 
 T = TypeVar("T")
@@ -148,7 +148,7 @@ class TraceStream(Generic[T]):
                 yield first
             yield from raw
             return
-        inflater = zlib.decompressobj(wbits=31)
+        inflater = gunzipper()
         pending = first
         try:
             while True:
@@ -157,12 +157,12 @@ class TraceStream(Generic[T]):
                     if not pending:
                         break
                 if inflater.eof:  # a multi-member gzip: the next member starts here
-                    inflater = zlib.decompressobj(wbits=31)
+                    inflater = gunzipper()
                 out = inflater.decompress(pending, READ_BLOCK)
                 pending = inflater.unconsumed_tail or inflater.unused_data
                 if out:
                     yield out
-        except zlib.error as err:
+        except inflate_errors() as err:
             raise CorruptInput(
                 f"{self.path}: damaged gzip data ({err})", "re-copy or re-export the trace"
             ) from None

@@ -1,0 +1,78 @@
+"""The per-rank results of one job in, its report out: the same code whichever executor ran the ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gpuidle.advice.cuda import CUDA_APPLICATION, for_cuda
+from gpuidle.advice.frameworks import in_framework
+from gpuidle.advice.rules import recommend, straggler_recommendations
+from gpuidle.advice.whatif import Proposal, plan
+from gpuidle.analysis.ranks import job_report
+from gpuidle.analysis.summary import RankAnalysis
+from gpuidle.errors import GpuidleError
+from gpuidle.jobs.rank import RankOutcome
+from gpuidle.model import AnalysisReport, Source
+from gpuidle.sources import kineto
+
+
+def merge_job(
+    paths: Sequence[str | Path], outcomes: Sequence[RankOutcome], warn: Callable[[str], None] | None = None,
+    include_warmup: bool = False,
+) -> AnalysisReport:
+    """The job's report from its ranks' outcomes; a file that failed is named in ``source.skipped``.
+
+    :raises GpuidleError: no rank could be read (alone, the file's own error).
+    """
+    good = [o for o in outcomes if o.analysis is not None]
+    skipped = [f"{o.path}: {o.error}" for o in outcomes if o.error is not None]
+    if not good:
+        if len(outcomes) == 1 and outcomes[0].error is not None:
+            raise GpuidleError(outcomes[0].error or "unreadable trace")
+        raise GpuidleError(f"none of the {len(outcomes)} files is a readable GPU trace; first: {skipped[0]}")
+    for line in skipped:
+        if warn:
+            warn(f"skipped {line}")
+    analyses = sorted((o.analysis for o in good if o.analysis is not None), key=lambda a: a.report.rank)
+    analyses, duplicates = _dedupe_ranks(analyses, warn)
+    job = job_report(analyses, duplicates, include_warmup) if len(analyses) > 1 else None
+    proposals: list[Proposal] = []
+    for a in analyses:
+        proposals.extend(recommend(a.report, a.accumulation_repeats, include_all=include_warmup))
+    reports = [a.report for a in analyses]
+    if job is not None:
+        proposals.extend(straggler_recommendations(job, reports, include_warmup))
+    framework = _one({o.framework for o in good})
+    if framework == CUDA_APPLICATION:
+        proposals = for_cuda(proposals)
+    proposals = in_framework(proposals, framework)
+    recs, combined = plan(proposals, reports, include_warmup, job)
+    return AnalysisReport(
+        source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
+                      skipped=skipped, framework=framework),
+        ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
+    )
+
+
+def _one(values: set[str | None]) -> str | None:
+    """The one value of a job's files, or their sorted list joined by ``+`` when they differ."""
+    known = sorted(v for v in values if v)
+    return "+".join(known) if known else None
+
+
+def _dedupe_ranks(
+    analyses: list[RankAnalysis], warn: Callable[[str], None] | None,
+) -> tuple[list[RankAnalysis], list[int]]:
+    """Keep the first file of each rank; report the rank numbers seen twice."""
+    seen: dict[int, RankAnalysis] = {}
+    duplicates: list[int] = []
+    for a in analyses:
+        r = a.report.rank
+        if r in seen:
+            duplicates.append(r)
+            if warn:
+                warn(f"rank {r} appears twice ({seen[r].report.path}, {a.report.path}): the second is ignored")
+            continue
+        seen[r] = a
+    return list(seen.values()), sorted(set(duplicates))

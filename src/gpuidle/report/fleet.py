@@ -1,0 +1,49 @@
+"""The fleet table as text: one row per job, the fleet's GPU-hours idle by cause at the bottom.
+
+It prints the figures of :class:`~gpuidle.model.FleetReport` as they are; causes no job has are left out.
+"""
+
+from __future__ import annotations
+
+from gpuidle.model import CAUSES, FleetReport
+from gpuidle.report.text import printable
+
+TOP_FIX_WIDTH = 60
+
+
+def render_fleet(fleet: FleetReport) -> str:
+    causes = [c.value for c in CAUSES if fleet.idle_gpu_hours_by_cause.get(c.value, 0.0) > 0]
+    name_w = max([len("fleet"), len("job"), *(len(printable(j.name)) for j in fleet.jobs)])
+    head = [f"{'job':<{name_w}}", f"{'GPUs':>5}", f"{'util':>6}", f"{'idle GPU-h':>10}",
+            *(f"{c:>{max(len(c), 8)}}" for c in causes), "top fix"]
+    lines = ["  ".join(head)]
+    for j in fleet.jobs:
+        name = f"{printable(j.name):<{name_w}}"
+        if j.error is not None:
+            lines.append(f"{name}  error: {printable(j.error)}")
+            continue
+        util = f"{j.utilization:.1%}" if j.utilization is not None else "-"
+        cells = [name, f"{j.gpus:>5}", f"{util:>6}", f"{j.idle_gpu_hours:>10.2f}",
+                 *(f"{j.idle_gpu_hours_by_cause.get(c, 0.0):>{max(len(c), 8)}.2f}" for c in causes),
+                 _cut(printable(j.top_fix or "-"))]
+        lines.append("  ".join(cells))
+        lines.extend(f"{'':<{name_w}}  skipped {printable(s)}" for s in j.skipped)
+    total = [f"{'fleet':<{name_w}}", f"{fleet.gpus:>5}", f"{'':>6}", f"{fleet.idle_gpu_hours:>10.2f}",
+             *(f"{fleet.idle_gpu_hours_by_cause[c]:>{max(len(c), 8)}.2f}" for c in causes)]
+    lines.append("  ".join(total).rstrip())
+    if fleet.cost is not None and fleet.cost_by_cause is not None:
+        cost = [f"{'cost':<{name_w}}", f"{'':>5}", f"{'':>6}", f"{fleet.cost:>10.2f}",
+                *(f"{fleet.cost_by_cause[c]:>{max(len(c), 8)}.2f}" for c in causes)]
+        lines.append("  ".join(cost).rstrip())
+    per = "per hour of training" if fleet.hours == 1.0 else f"per {fleet.hours:g} hours of training"
+    note = f"{len(fleet.jobs)} jobs; GPU-hours idle {per} of each job, by cause"
+    if fleet.price_per_gpu_hour is not None:
+        note += f"; cost at {fleet.price_per_gpu_hour:g} per GPU-hour"
+    if fleet.failed_jobs:
+        note += f"; {fleet.failed_jobs} jobs without a report"
+    lines.append(note)
+    return "\n".join(lines) + "\n"
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TOP_FIX_WIDTH else text[:TOP_FIX_WIDTH - 1] + "…"
