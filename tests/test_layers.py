@@ -14,15 +14,15 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "gpuidle"
 
 FORBIDDEN = {
-    "model": {"sources", "analysis", "advice", "report", "api", "cli", "live", "bench", "ledger", "torch"},
-    "analysis": {"sources", "advice", "report", "api", "cli", "live", "bench", "ledger", "torch"},
-    "advice": {"sources", "report", "api", "cli", "live", "bench", "ledger", "torch"},
-    "sources": {"analysis", "advice", "report", "api", "cli", "live", "bench", "ledger"},
-    "live": {"sources", "report", "api", "cli", "bench"},
-    "bench": {"sources", "report", "api", "cli", "live"},
+    "model": {"sources", "analysis", "advice", "report", "api", "cli", "live", "probes", "ledger", "torch"},
+    "analysis": {"sources", "advice", "report", "api", "cli", "live", "probes", "ledger", "torch"},
+    "advice": {"sources", "report", "api", "cli", "live", "probes", "ledger", "torch"},
+    "sources": {"analysis", "advice", "report", "api", "cli", "live", "probes", "ledger"},
+    "live": {"sources", "report", "api", "cli", "probes"},
+    "probes": {"sources", "report", "api", "cli", "live"},
     "report": {"sources", "api", "cli", "live", "ledger"},
 }
-"""What each layer may not import: producers (sources, live, bench) never the renderers or the library face;
+"""What each layer may not import: producers (sources, live, probes) never the renderers or the library face;
 analyses and advice never what produces their input; the model nothing of ours but errors."""
 
 

@@ -12,10 +12,10 @@ import pytest
 import fixtures_datasets
 from fixtures_datasets import SleepyDataset, make_instant
 from gpuidle import api
-from gpuidle.bench import loader
-from gpuidle.bench.loader import LoaderConfig, LoaderPoint
 from gpuidle.cli import main
 from gpuidle.errors import GpuidleError
+from gpuidle.probes import loader
+from gpuidle.probes.loader import LoaderConfig, LoaderPoint
 from gpuidle.report.bench import render
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"

@@ -15,7 +15,6 @@ places them.
 from __future__ import annotations
 
 from gpuidle.advice.hardware import hardware
-from gpuidle.bench.common import human_bytes
 from gpuidle.model import (
     CAUSES,
     AnalysisReport,
@@ -29,6 +28,7 @@ from gpuidle.model import (
     Recommendation,
     RunSummary,
 )
+from gpuidle.probes.common import human_bytes
 from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, gain_text, ms, pct, source_label
 from gpuidle.report.compare_text import money
 from gpuidle.report.svg import (

@@ -39,9 +39,9 @@ from typing import Any
 
 import msgspec
 
-from gpuidle.bench.common import import_torch, usable_cores
 from gpuidle.errors import GpuidleError
 from gpuidle.model import AnalysisReport
+from gpuidle.probes.common import import_torch, usable_cores
 
 SCHEMA = "gpuidle.bench.loader/1"
 KNEE = 0.95
