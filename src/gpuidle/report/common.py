@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from gpuidle.model import Gain, RankReport, Recommendation, Source, duration
+from gpuidle.model import Combined, Gain, RankReport, Recommendation, Source, duration
 from gpuidle.report.text import printable
 
 T = TypeVar("T")
@@ -96,6 +96,12 @@ def gain_text(rec: Recommendation) -> str:
         if utilization_falls(g) and g.reason:
             text += f" ({g.reason})"
     return text
+
+
+def combined_text(c: Combined) -> str:
+    """Every fix that is not an alternative, applied together: the plan's step time and what limits it then."""
+    return (f"all {len(c.fixes)} fixes together: {ms(c.step_s_before)} → {ms(c.step_s_after)}/step "
+            f"(saves {ms(c.step_s_saved)}), utilization {pct(c.utilization_after)}; then {c.limit}")
 
 
 def shown_recommendations(recs: list[Recommendation], top: int) -> list[Recommendation]:

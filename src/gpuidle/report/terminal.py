@@ -25,6 +25,7 @@ from gpuidle.report.common import (
     MANY_STEPS,
     TARGET_UTILIZATION,
     RenderOptions,
+    combined_text,
     excluded_lines,
     gain_text,
     ms,
@@ -137,9 +138,7 @@ def _recommendation(i: int | None, rec: Recommendation) -> RenderableType:
 
 
 def _combined(c: Combined) -> Text:
-    return Text(f"all {len(c.fixes)} fixes together: {ms(c.step_s_before)} → {ms(c.step_s_after)}/step "
-                f"(saves {ms(c.step_s_saved)}), utilization {pct(c.utilization_after)}; then {c.limit}",
-                style="bold")
+    return Text(combined_text(c), style="bold")
 
 
 def _cost(cost: CostResult) -> RenderableType:
