@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from gpuidle import notebook
 from gpuidle.advice.cuda import CUDA_APPLICATION, for_cuda
 from gpuidle.advice.frameworks import in_framework
 from gpuidle.advice.rules import recommend, straggler_recommendations
@@ -99,7 +100,7 @@ def analyze(
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
     include_warmup: bool = False,
-) -> AnalysisReport:
+) -> notebook.AnalysisReport:
     """Analyse one trace or a job (a folder of per-rank traces, or several files).
 
     Per-step figures and gains use the steady-state steps (steps marked ``excluded``, as
@@ -137,7 +138,7 @@ def analyze(
         proposals = for_cuda(proposals)
     proposals = in_framework(proposals, framework)
     recs, combined = plan(proposals, reports, include_warmup)
-    return AnalysisReport(
+    return notebook.AnalysisReport(
         source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
                       skipped=skipped, framework=framework),
         ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
@@ -163,12 +164,13 @@ def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interva
     return build_utilization_report(series, analysis, steps_per_s)
 
 
-def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 1.0) -> AnalysisReport:
+def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 1.0) -> notebook.AnalysisReport:
     """The report with its cost: GPU-hours and money lost to idle time per ``hours`` of training,
     and what reaching 90 % utilization would save (formulas in ``advice.calc``)."""
     from gpuidle.advice import calc
 
-    return msgspec.structs.replace(report, cost=calc.cost_from_report(report, price_per_gpu_hour, hours))
+    return notebook.public(msgspec.structs.replace(report, cost=calc.cost_from_report(report, price_per_gpu_hour,
+                                                                                     hours)))
 
 
 def _run(files: list[str], workers: int | None, progress: Progress | None) -> list[_Outcome]:
@@ -222,7 +224,7 @@ def _dedupe_ranks(
 
 
 def analyze_tracker(paths: Sequence[str | Path], warn: Callable[[str], None] | None = None,
-                    include_warmup: bool = False) -> AnalysisReport:
+                    include_warmup: bool = False) -> notebook.AnalysisReport:
     """Folders (or rank logs) written by ``gpuidle.torch.StepTracker``: the same report as for traces.
 
     Every rank's log present: the report is derived from them. Some missing (written on
@@ -247,7 +249,7 @@ def analyze_tracker(paths: Sequence[str | Path], warn: Callable[[str], None] | N
         series[s.rank] = s
     world = max((s.world_size for s in series.values()), default=0)
     if run.summary is not None and len(run.summary.ranks) > len(series):
-        return run.summary
+        return notebook.public(run.summary)
     if not series:
         raise InputNotFound(f"{', '.join(str(p) for p in paths)}: no tracker log with steps")
     return analyze_series([series[r] for r in sorted(series)], [str(p) for p in paths], run.skipped,
@@ -257,11 +259,11 @@ def analyze_tracker(paths: Sequence[str | Path], warn: Callable[[str], None] | N
 def analyze_series(
     series: Sequence[StepSeries], paths: Sequence[str], skipped: Sequence[str] = (),
     duplicates: Sequence[int] = (), world_size: int | None = None, include_warmup: bool = False,
-) -> AnalysisReport:
+) -> notebook.AnalysisReport:
     """The report of the tracker's steps, one series per rank; the advice rules apply unchanged."""
     from gpuidle.advice.series_report import series_report
 
-    return series_report(series, paths, skipped, duplicates, world_size, include_warmup)
+    return notebook.public(series_report(series, paths, skipped, duplicates, world_size, include_warmup))
 
 
 # ----------------------------------------------------------------------------------
@@ -428,7 +430,7 @@ def record_analysis(
                          path=ledger_path, **facts)
 
 
-def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisReport, comparison.RunInfo]:
+def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[notebook.AnalysisReport, comparison.RunInfo]:
     """A run by JSON report path, ledger id, or label (the newest run with that label)."""
     from gpuidle import ledger
     from gpuidle.analysis import compare as comparison
@@ -445,15 +447,15 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
                                    "run ids or labels, or reports written by gpuidle analyze --json") from None
             raise GpuidleError(f"{shown}: not a gpuidle JSON report ({err})",
                                "give a report written by gpuidle analyze --json, a run id or a label") from None
-        return report, comparison.RunInfo(ref=shown)
+        return notebook.public(report), comparison.RunInfo(ref=shown)
     path = Path(ledger_path).expanduser() if ledger_path is not None else ledger.default_path()
     if not ledger.exists(path):
         raise GpuidleError(f"{ref!r} is neither a report file nor a recorded run (no ledger at {path} yet)",
                            "gpuidle analyze records runs; gpuidle history lists them")
     with ledger.Ledger.for_reading(path) as book:
         run = book.find(ref)
-    return run.analysis(), comparison.RunInfo(ref=f"run {run.id}", label=run.label, batch_size=run.batch_size,
-                                              gpu_model=run.gpu_model)
+    info = comparison.RunInfo(ref=f"run {run.id}", label=run.label, batch_size=run.batch_size, gpu_model=run.gpu_model)
+    return notebook.public(run.analysis()), info
 
 
 def compare_runs(
@@ -462,7 +464,7 @@ def compare_runs(
     ledger_path: str | Path | None = None,
     price_per_gpu_hour: float | None = None,
     steps: int | None = None,
-) -> tuple[Comparison, AnalysisReport, AnalysisReport]:
+) -> tuple[Comparison, notebook.AnalysisReport, notebook.AnalysisReport]:
     """Compare two runs (report paths, ledger ids or labels); also returns both reports, for renderers."""
     from gpuidle.analysis import compare as comparison
 

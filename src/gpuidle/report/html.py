@@ -16,6 +16,8 @@ places them.
 
 from __future__ import annotations
 
+import html
+
 from gpuidle.advice.hardware import hardware
 from gpuidle.model import (
     CAUSES,
@@ -201,6 +203,17 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
     body.append(f'<section id="device-work"><h2>Device work: rank {shown.rank}</h2>'
                 + _collectives_table(shown.communication) + _kernels_table(shown.kernels) + "</section>")
     return page("gpuidle report", body)
+
+
+NOTEBOOK_HEIGHT_PX = 760
+
+
+def render_inline(report: AnalysisReport) -> str:
+    """The same page, for a notebook cell: in an iframe of its own, so that its style stays inside it and
+    the notebook's stays out (``srcdoc``: nothing is fetched; sandboxed: no script, no form, no navigation)."""
+    return (f'<iframe class="gpuidle-report" title="gpuidle report" sandbox="allow-same-origin" '
+            f'style="width:100%;height:{NOTEBOOK_HEIGHT_PX}px;border:1px solid #d9e2ec;border-radius:8px" '
+            f'srcdoc="{html.escape(render_report(report), quote=True)}"></iframe>')
 
 
 # -- comparison ------------------------------------------------------------------------
