@@ -186,11 +186,11 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     assert 'id="headline"' in (site / "assets" / "report.html").read_text()
 
 
-def test_the_notebook_runs_end_to_end() -> None:
+def test_the_notebook_runs_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
     nbformat = pytest.importorskip("nbformat", reason="the docs extra: pip install -e '.[docs]' (CI installs it)")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(DOCS / "walkthrough.ipynb", as_version=4)
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     nbclient.NotebookClient(nb, kernel_name="python3", resources={"metadata": {"path": str(DOCS)}}).execute()
     shown = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in shown if o.get("output_type") == "error"]
