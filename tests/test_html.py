@@ -308,6 +308,22 @@ def test_the_page_leads_with_the_decision(chromium: Chromium, tmp_path: Path) ->
                            f"{ms(both.step_s_after)}/step (saves {ms(both.step_s_saved)})")
 
 
+def test_a_notebook_shows_the_same_page(chromium: Chromium, tmp_path: Path) -> None:
+    """The report's ``_repr_html_`` in a page as Jupyter puts it: the framed page loads offline, decision first."""
+    report = api.analyze([EXAMPLE])
+    out = tmp_path / "notebook.html"
+    out.write_text(f"<!DOCTYPE html><html><body><div class='output'>{report._repr_html_()}</div></body></html>")
+    session, page = chromium.open(out)
+    assert_clean(page, out)
+    inner = "document.querySelector('iframe.gpuidle-report').contentDocument"
+    assert chromium.js(session, f"{inner}.title") == "gpuidle report"
+    ids = chromium.js(session, f"[...{inner}.querySelectorAll('section')].map(s => s.id)")
+    assert ids[:3] == ["headline", "recommendations", "summary"]
+    assert chromium.js(session, f"{inner}.querySelectorAll('.rec').length") == len(report.recommendations)
+    height = chromium.js(session, "document.querySelector('iframe.gpuidle-report').getBoundingClientRect().height")
+    assert height > 300
+
+
 def test_long_kernel_names_stay_inside_the_page(chromium: Chromium, tmp_path: Path) -> None:
     """A rocBLAS kernel name of 500+ characters without a space (the MI300X JAX profile) wraps in its cell."""
     pytest.importorskip("google.protobuf")
