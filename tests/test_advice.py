@@ -123,3 +123,21 @@ def test_keyword_arguments_we_print_exist() -> None:
     assert {"num_workers", "pin_memory", "persistent_workers", "prefetch_factor"} <= set(loader)
     power = inspect.signature(PowerSGDState.__init__).parameters
     assert {"process_group", "matrix_approximation_rank", "start_powerSGD_iter"} <= set(power)
+
+
+def test_a_gain_that_cannot_be_estimated_says_so_once(tmp_path: Path) -> None:
+    """Convolutions dominate: cuDNN's benchmark mode is advised, its gain not estimated, in one plain clause."""
+    from gpuidle.report.common import gain_text
+
+    t = Trace()
+    for n in range(4):
+        base = n * 1000
+        t.step(n + 1, base, 1000)
+        t.launch(at=base + 10, call_dur=10, start=base + 50, dur=900, name="cudnn_convolution_fprop_kernel")
+    report = analyze([t.write(tmp_path / "conv.json.gz")])
+    (rec,) = [r for r in report.recommendations if r.id == "cudnn_benchmark"]
+    assert rec.gain.step_s_saved is None
+    text = gain_text(rec)
+    assert text.startswith("gain not estimable: ")
+    assert text.count("estimable") == 1
+    assert "cuDNN" in text

@@ -16,12 +16,12 @@ import torch.distributed as dist
 
 from gpuidle import api
 from gpuidle.analysis.comm import bus_factor
-from gpuidle.bench import allreduce as ar
-from gpuidle.bench import training
-from gpuidle.bench.ranks import RankContext, resolve_device, run_on_ranks
 from gpuidle.cli import main
 from gpuidle.errors import GpuidleError
 from gpuidle.model import CollectiveStat, duration
+from gpuidle.probes import allreduce as ar
+from gpuidle.probes import training
+from gpuidle.probes.ranks import RankContext, resolve_device, run_on_ranks
 from gpuidle.report.bench import render
 from gpuidle.report.common import ms
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuidle.bench.fit import MAX_LINK_GBPS, TIMER_TOLERANCE, TimedSize, fit_latency_bandwidth
+from gpuidle.probes.fit import MAX_LINK_GBPS, TIMER_TOLERANCE, TimedSize, fit_latency_bandwidth
 
 SIZES = [1 << 20, 2 << 20, 4 << 20, 8 << 20]
 

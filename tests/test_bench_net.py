@@ -9,8 +9,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from gpuidle.bench import net
 from gpuidle.cli import main
+from gpuidle.probes import net
 from gpuidle.report.bench import render
 
 

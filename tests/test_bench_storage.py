@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuidle.bench import storage
 from gpuidle.cli import main
 from gpuidle.errors import GpuidleError, InputNotFound
+from gpuidle.probes import storage
 from gpuidle.report.bench import render
 
 SMALL, SMALL_BYTES = 1200, 1024

@@ -89,7 +89,7 @@ def test_conflicting_or_unknown_formats_are_refused(tmp_path: Path, args: tuple[
 
 NOT_ON_THE_JSON_PATH = (
     "sqlite3", "hashlib", "rich", "gpuidle.ledger", "gpuidle.report.html", "gpuidle.report.terminal", "gpuidle.live",
-    "gpuidle.bench", "gpuidle.sources.smi", "gpuidle.analysis.utilization", "torch", "concurrent.futures.process",
+    "gpuidle.probes", "gpuidle.sources.smi", "gpuidle.analysis.utilization", "torch", "concurrent.futures.process",
     # the other formats' readers, and what only they or remote inputs need
     "gpuidle.sources.xspace", "gpuidle.sources.xplanes", "gpuidle.sources.nsys", "google.protobuf", "fsspec",
     "subprocess", "tempfile",

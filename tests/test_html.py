@@ -29,6 +29,7 @@ from gpuidle import api
 from gpuidle.cli import main
 from gpuidle.model import CAUSES
 from gpuidle.report import html, svg
+from gpuidle.report.common import gain_text, ms
 from minitrace import Trace
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -209,8 +210,13 @@ def png_pixels(png: bytes) -> np.ndarray:
     return out.reshape(height, width, bpp)[:, :, :3]
 
 
-def assert_drawn(browser: Chromium, session: str, must_show: list[str]) -> None:
-    """The screenshot is a picture, not a blank page: many colours, and the chart colours among them."""
+def assert_drawn(browser: Chromium, session: str, must_show: list[str], scroll_to: str | None = None) -> None:
+    """The screenshot is a picture, not a blank page: many colours, and the chart colours among them.
+
+    ``scroll_to`` brings the evidence into view first, below the decision the page leads with.
+    """
+    if scroll_to is not None:
+        browser.js(session, f"document.querySelector({scroll_to!r}).scrollIntoView()")
     pixels = png_pixels(browser.screenshot(session))
     assert pixels.shape == (1600, 1200, 3)
     keys = (pixels[:, :, 0].astype(np.int64) << 16) | (pixels[:, :, 1].astype(np.int64) << 8) | pixels[:, :, 2]
@@ -270,7 +276,52 @@ def test_single_trace_report(chromium: Chromium, tmp_path: Path) -> None:
     titles = js(session, "[...document.querySelectorAll('svg.steps rect.step title')].map(t => t.textContent)")
     assert titles[0].startswith(f"step {rank.steps[0].step}: ")
     assert_drawn(chromium, session, [svg.BUSY_COLOR, svg.CAUSE_COLOR["launch_overhead"],
-                                     svg.CAUSE_COLOR["cpu_compute"]])
+                                     svg.CAUSE_COLOR["cpu_compute"]], scroll_to="#summary")
+
+
+def test_the_page_leads_with_the_decision(chromium: Chromium, tmp_path: Path) -> None:
+    """As a reader scrolls: the headline, the ranked fixes, every fix together, then the evidence."""
+    out = tmp_path / "report.html"
+    report = api.analyze([EXAMPLE])
+    out.write_text(html.render_report(report, api.idle_timeline(EXAMPLE)))
+    session, page = chromium.open(out)
+    assert_clean(page, out)
+    js = chromium.js
+    order = ["#headline", "#recommendations .rec", "#combined", "#summary", "#timeline", "#steps", "table.kernels"]
+    tops = js(session, f"{order}.map(q => document.querySelector(q).getBoundingClientRect().top)")
+    assert tops == sorted(tops), dict(zip(order, tops, strict=True))
+    assert len(set(tops)) == len(tops)
+    d = report.ranks[0].primary()
+    headline = js(session, "document.querySelector('#headline').innerText")
+    assert f"utilization {d.utilization * 100:.1f} %" in headline
+    cause = max(d.idle_by_cause_s, key=lambda c: d.idle_by_cause_s[c])
+    assert cause in headline
+    # the cards in the report's order, each with its gain; the plan's figures are the report's own
+    titles = js(session, "[...document.querySelectorAll('.rec h3')].map(h => h.textContent)")
+    assert titles == [f"{i}. {r.title}" for i, r in enumerate(report.recommendations, 1)]
+    gains = js(session, "[...document.querySelectorAll('.rec .good')].map(p => p.textContent)")
+    assert gains == [gain_text(r) for r in report.recommendations]
+    both = report.combined
+    assert both is not None
+    plan = js(session, "document.querySelector('#combined').textContent")
+    assert plan.startswith(f"all {len(both.fixes)} fixes together: {ms(both.step_s_before)} → "
+                           f"{ms(both.step_s_after)}/step (saves {ms(both.step_s_saved)})")
+
+
+def test_a_notebook_shows_the_same_page(chromium: Chromium, tmp_path: Path) -> None:
+    """The report's ``_repr_html_`` in a page as Jupyter puts it: the framed page loads offline, decision first."""
+    report = api.analyze([EXAMPLE])
+    out = tmp_path / "notebook.html"
+    out.write_text(f"<!DOCTYPE html><html><body><div class='output'>{report._repr_html_()}</div></body></html>")
+    session, page = chromium.open(out)
+    assert_clean(page, out)
+    inner = "document.querySelector('iframe.gpuidle-report').contentDocument"
+    assert chromium.js(session, f"{inner}.title") == "gpuidle report"
+    ids = chromium.js(session, f"[...{inner}.querySelectorAll('section')].map(s => s.id)")
+    assert ids[:3] == ["headline", "recommendations", "summary"]
+    assert chromium.js(session, f"{inner}.querySelectorAll('.rec').length") == len(report.recommendations)
+    height = chromium.js(session, "document.querySelector('iframe.gpuidle-report').getBoundingClientRect().height")
+    assert height > 300
 
 
 def test_long_kernel_names_stay_inside_the_page(chromium: Chromium, tmp_path: Path) -> None:
@@ -319,7 +370,7 @@ def test_job_report_has_the_rank_step_heatmap(chromium: Chromium, tmp_path: Path
     note = chromium.js(session, "document.querySelector('#timeline .note').textContent")
     worst = min(report.ranks, key=lambda r: r.primary().utilization)
     assert note.startswith(f"rank {worst.rank} of 2, the lowest utilization")
-    assert_drawn(chromium, session, [svg.BUSY_COLOR, svg.CAUSE_COLOR["communication"]])
+    assert_drawn(chromium, session, [svg.BUSY_COLOR, svg.CAUSE_COLOR["communication"]], scroll_to="#summary")
 
 
 def test_compare_page(chromium: Chromium, tmp_path: Path) -> None:

@@ -14,16 +14,16 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "gpuidle"
 
 FORBIDDEN = {
-    "model": {"sources", "analysis", "advice", "report", "api", "cli", "live", "bench", "ledger", "torch", "jobs"},
-    "analysis": {"sources", "advice", "report", "api", "cli", "live", "bench", "ledger", "torch", "jobs"},
-    "advice": {"sources", "report", "api", "cli", "live", "bench", "ledger", "torch", "jobs"},
-    "sources": {"analysis", "advice", "report", "api", "cli", "live", "bench", "ledger", "jobs"},
-    "live": {"sources", "report", "api", "cli", "bench", "jobs"},
-    "bench": {"sources", "report", "api", "cli", "live", "jobs"},
+    "model": {"sources", "analysis", "advice", "report", "api", "cli", "live", "probes", "ledger", "torch", "jobs"},
+    "analysis": {"sources", "advice", "report", "api", "cli", "live", "probes", "ledger", "torch", "jobs"},
+    "advice": {"sources", "report", "api", "cli", "live", "probes", "ledger", "torch", "jobs"},
+    "sources": {"analysis", "advice", "report", "api", "cli", "live", "probes", "ledger", "jobs"},
+    "live": {"sources", "report", "api", "cli", "probes", "jobs"},
+    "probes": {"sources", "report", "api", "cli", "live", "jobs"},
     "report": {"sources", "api", "cli", "live", "ledger", "jobs"},
-    "jobs": {"report", "api", "cli", "live", "bench", "ledger"},
+    "jobs": {"report", "api", "cli", "live", "probes", "ledger"},
 }
-"""What each layer may not import: producers (sources, live, bench) never the renderers or the library face;
+"""What each layer may not import: producers (sources, live, probes) never the renderers or the library face;
 analyses and advice never what produces their input; the model nothing of ours but errors; the executors (jobs)
 read and analyse, and leave rendering, recording and the library face to the layers above."""
 

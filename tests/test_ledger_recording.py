@@ -12,11 +12,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gpuidle.bench.storage import StorageResult
 from gpuidle.cli import live as cli_live
 from gpuidle.cli import main
 from gpuidle.ledger import Ledger, LedgerError, Run
 from gpuidle.model import UtilizationReport
+from gpuidle.probes.storage import StorageResult
 from test_live_monitor import FakeHost, RecordedBackend, full_sample
 
 SMI_LOG = Path(__file__).parent / "data" / "smi" / "query_gpu_units.csv"

@@ -12,10 +12,10 @@ import pytest
 import fixtures_datasets
 from fixtures_datasets import SleepyDataset, make_instant
 from gpuidle import api
-from gpuidle.bench import loader
-from gpuidle.bench.loader import LoaderConfig, LoaderPoint
 from gpuidle.cli import main
 from gpuidle.errors import GpuidleError
+from gpuidle.probes import loader, loader_choice, loader_measure
+from gpuidle.probes.loader_measure import LoaderConfig, LoaderPoint
 from gpuidle.report.bench import render
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"
@@ -41,18 +41,18 @@ def test_more_workers_help_up_to_the_cores(sweep: loader.LoaderResult) -> None:
     for p in sweep.points:
         assert p.error is None
         assert not p.oversubscribed
-        assert p.batches >= loader.MIN_BATCHES
+        assert p.batches >= loader_measure.MIN_BATCHES
         assert p.samples_per_s == pytest.approx((p.batches_per_s or 0) * 4)
         assert p.startup_s > 0  # reported apart from the rate
 
 
 def test_the_smallest_setting_that_reaches_the_target(sweep: loader.LoaderResult) -> None:
     target = 1.3 * rate(sweep, 0)  # one worker is no faster than the main process; two are
-    best, reaches = loader.recommend(sweep.points, target)
+    best, reaches = loader_choice.recommend(sweep.points, target)
     assert reaches is True
     assert best is not None
     assert best.config.num_workers == 2
-    best, reaches = loader.recommend(sweep.points, 10 * rate(sweep, 2))
+    best, reaches = loader_choice.recommend(sweep.points, 10 * rate(sweep, 2))
     assert reaches is False
     assert best is not None
     assert best.config.num_workers == 2
@@ -77,21 +77,21 @@ def _point(workers: int, rate: float, over: bool = False, prefetch: int | None =
 
 def test_recommend_by_hand() -> None:
     points = [_point(0, 10.0), _point(1, 19.0), _point(2, 36.0), _point(4, 37.0), _point(8, 37.5, over=True)]
-    best, reaches = loader.recommend(points, None)  # within 5 % of 37.5 (35.625): 2 workers
+    best, reaches = loader_choice.recommend(points, None)  # within 5 % of 37.5 (35.625): 2 workers
     assert best is not None
     assert best.config.num_workers == 2
     assert reaches is None
-    best, reaches = loader.recommend(points, 18.0)
+    best, reaches = loader_choice.recommend(points, 18.0)
     assert best is not None
     assert best.config.num_workers == 1
     assert reaches is True
-    best, _ = loader.recommend(points, 37.2)  # only the oversubscribed setting reaches it
+    best, _ = loader_choice.recommend(points, 37.2)  # only the oversubscribed setting reaches it
     assert best is not None
     assert best.config.num_workers == 8
-    best, _ = loader.recommend([_point(2, 30.0, prefetch=4), _point(2, 30.0)], 20.0)
+    best, _ = loader_choice.recommend([_point(2, 30.0, prefetch=4), _point(2, 30.0)], 20.0)
     assert best is not None
     assert best.config.prefetch_factor == 2
-    assert loader.recommend([], 1.0) == (None, None)
+    assert loader_choice.recommend([], 1.0) == (None, None)
 
 
 def test_more_processes_than_cores_alone_is_no_contention_warning() -> None:
@@ -158,27 +158,27 @@ LOAD_S = fixtures_datasets.ITEM_S * 4
 
 def test_serial_step_rate_by_hand() -> None:
     # the numbers: a loader at 12.1 batches/s with 105.8 ms of compute per step
-    assert loader.step_rate(12.1, 0, 1 / 0.1058) == pytest.approx(1 / (1 / 12.1 + 0.1058))   # 5.31 steps/s
-    assert loader.step_rate(12.1, 0, 1 / 0.1058) == pytest.approx(5.31, abs=0.01)
-    assert loader.step_rate(9.3, 1, 1 / 0.1058) == 9.3
-    assert loader.step_rate(20.0, 2, 9.45) == 9.45
+    assert loader_choice.step_rate(12.1, 0, 1 / 0.1058) == pytest.approx(1 / (1 / 12.1 + 0.1058))   # 5.31 steps/s
+    assert loader_choice.step_rate(12.1, 0, 1 / 0.1058) == pytest.approx(5.31, abs=0.01)
+    assert loader_choice.step_rate(9.3, 1, 1 / 0.1058) == 9.3
+    assert loader_choice.step_rate(20.0, 2, 9.45) == 9.45
 
 
 def test_zero_workers_never_reaches_a_target_it_cannot() -> None:
     points = [_point(0, 12.1), _point(1, 9.3), _point(2, 18.0)]
-    best, reaches = loader.recommend(points, 9.45)        # 0 workers: 5.31 steps/s, not 9.45
+    best, reaches = loader_choice.recommend(points, 9.45)        # 0 workers: 5.31 steps/s, not 9.45
     assert best is not None
     assert (best.config.num_workers, reaches) == (2, True)
-    best, reaches = loader.recommend([_point(0, 12.1), _point(1, 9.3)], 9.45)
+    best, reaches = loader_choice.recommend([_point(0, 12.1), _point(1, 9.3)], 9.45)
     assert best is not None
     assert (best.config.num_workers, reaches) == (1, False)  # 9.3 steps/s beats the serial 5.31
 
 
 def test_zero_workers_within_five_percent_is_not_chosen_without_a_target() -> None:
-    best, _ = loader.recommend([_point(0, 36.0), _point(1, 19.0), _point(2, 37.0)], None)
+    best, _ = loader_choice.recommend([_point(0, 36.0), _point(1, 19.0), _point(2, 37.0)], None)
     assert best is not None
     assert best.config.num_workers == 2                   # 0 workers would add 27.8 ms to every step
-    best, _ = loader.recommend([_point(0, 500.0), _point(1, 60.0), _point(2, 110.0)], None)
+    best, _ = loader_choice.recommend([_point(0, 500.0), _point(1, 60.0), _point(2, 110.0)], None)
     assert best is not None
     assert best.config.num_workers == 0                   # workers only slow this one down
 
@@ -186,7 +186,7 @@ def test_zero_workers_within_five_percent_is_not_chosen_without_a_target() -> No
 def test_fewest_workers_within_noise_of_the_best() -> None:
     noisy = [_point(2, 30.0), _point(4, 33.0)]
     noisy[0].noise = noisy[1].noise = 0.05                # 2 σ of the combined noise: 14 %
-    best, _ = loader.recommend(noisy, None)
+    best, _ = loader_choice.recommend(noisy, None)
     assert best is not None
     assert best.config.num_workers == 2
 
@@ -194,7 +194,7 @@ def test_fewest_workers_within_noise_of_the_best() -> None:
 def test_steady_rate_counts_whole_rounds() -> None:
     # two workers deliver in pairs every 100 ms: 20 batches/s, however the window ends
     stamps = [t for k in range(12) for t in (0.1 * k, 0.1 * k + 0.001)][:-1]
-    rate, n, secs, noise = loader.steady_rate(stamps, 0, 2)
+    rate, n, secs, noise = loader_measure.steady_rate(stamps, 0, 2)
     assert n % 2 == 0
     assert rate == pytest.approx(n / secs)
     assert rate == pytest.approx(20.0, rel=0.02)
@@ -216,9 +216,9 @@ def test_a_measured_rate_matches_the_serial_model() -> None:
     assert zero.step_per_s < 0.55 * target
     assert r.recommended is not None
     assert r.recommended.num_workers == 2
-    assert zero.batches >= loader.MIN_BATCHES
+    assert zero.batches >= loader_measure.MIN_BATCHES
     two = next(p for p in r.points if p.config.num_workers == 2)
-    assert two.batches >= loader.PER_WORKER * 2
+    assert two.batches >= loader_measure.PER_WORKER * 2
     assert two.batches % 2 == 0
 
 
@@ -257,9 +257,9 @@ def test_io_bound_sweep_goes_past_the_cores() -> None:
 
 def test_contention_needs_the_numbers() -> None:
     before = _point(2, 40.0)
-    assert loader.contended(_point(4, 42.0, over=True), before)       # 10.5 per worker, was 20
-    assert not loader.contended(_point(4, 78.0, over=True), before)   # 19.5 per worker: scales
-    assert not loader.contended(_point(4, 42.0), before)              # within the cores: not oversubscribed
+    assert loader_choice.contended(_point(4, 42.0, over=True), before)       # 10.5 per worker, was 20
+    assert not loader_choice.contended(_point(4, 78.0, over=True), before)   # 19.5 per worker: scales
+    assert not loader_choice.contended(_point(4, 42.0), before)              # within the cores: not oversubscribed
 
 
 def test_torchs_worker_warning_is_said_once() -> None:

@@ -31,7 +31,7 @@ _PUBLIC = {
     "record_analysis": "gpuidle.api",
     "idle_timeline": "gpuidle.api",
     "annotate_trace": "gpuidle.api",
-    "AnalysisReport": "gpuidle.model",
+    "AnalysisReport": "gpuidle.notebook",
     "RankReport": "gpuidle.model",
     "DeviceReport": "gpuidle.model",
     "StepReport": "gpuidle.model",
@@ -83,7 +83,6 @@ if TYPE_CHECKING:
     from gpuidle.errors import GpuidleError
     from gpuidle.model import (
         CAUSES,
-        AnalysisReport,
         Cause,
         Comparison,
         CostResult,
@@ -94,6 +93,7 @@ if TYPE_CHECKING:
         StepReport,
         UtilizationReport,
     )
+    from gpuidle.notebook import AnalysisReport
 
 
 def __getattr__(name: str) -> Any:

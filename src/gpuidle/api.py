@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import msgspec
 import numpy as np
 
+from gpuidle import notebook
 from gpuidle.analysis.binning import slice_shares
 from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.intervals import Intervals
@@ -85,7 +86,7 @@ def analyze(
     warn: Callable[[str], None] | None = None,
     include_warmup: bool = False,
     scheduler: str | None = None,
-) -> AnalysisReport:
+) -> notebook.AnalysisReport:
     """Analyse one trace or a job (a folder of per-rank traces, or several files).
 
     Per-step figures and gains use the steady-state steps (steps marked ``excluded``, as
@@ -97,7 +98,7 @@ def analyze(
     task per file on that cluster instead. A file that cannot be read is skipped with a
     warning when others remain; alone, it raises. A folder the in-process tracker wrote
     (``gpuidle.torch.StepTracker``) is read as such. A folder of jobs is refused here:
-    :func:`analyze_fleet` takes it.
+    :func:`analyze_jobs` takes it.
     """
     paths = as_inputs(paths)
     planned = plan_inputs(paths)
@@ -107,7 +108,8 @@ def analyze(
     (job,) = planned.jobs
     if job.tracker:
         return analyze_tracker(paths, warn, include_warmup)
-    return merge_job(paths, executor_for(scheduler, workers).run(job.files, progress), warn, include_warmup)
+    return notebook.public(merge_job(paths, executor_for(scheduler, workers).run(job.files, progress), warn,
+                                     include_warmup))
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +157,8 @@ def analyze_jobs(
         said = (lambda line, name=job.name: warn(f"{name}: {line}")) if warn else None
         try:
             report = analyze_tracker(job.paths, said, include_warmup) if job.tracker else \
-                merge_job(job.paths, [o for f in job.files for o in by_file.get(f, [])], said, include_warmup)
+                notebook.public(merge_job(job.paths, [o for f in job.files for o in by_file.get(f, [])], said,
+                                          include_warmup))
         except GpuidleError as err:
             results.append(JobResult(job.name, job.paths[0], None, str(err)))
             continue
@@ -193,12 +196,13 @@ def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interva
     return build_utilization_report(series, analysis, steps_per_s)
 
 
-def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 1.0) -> AnalysisReport:
+def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 1.0) -> notebook.AnalysisReport:
     """The report with its cost: GPU-hours and money lost to idle time per ``hours`` of training,
     and what reaching 90 % utilization would save (formulas in ``advice.calc``)."""
     from gpuidle.advice import calc
 
-    return msgspec.structs.replace(report, cost=calc.cost_from_report(report, price_per_gpu_hour, hours))
+    return notebook.public(msgspec.structs.replace(report, cost=calc.cost_from_report(report, price_per_gpu_hour,
+                                                                                     hours)))
 
 
 # ----------------------------------------------------------------------------------
@@ -207,7 +211,7 @@ def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 
 
 
 def analyze_tracker(paths: Inputs, warn: Callable[[str], None] | None = None,
-                    include_warmup: bool = False) -> AnalysisReport:
+                    include_warmup: bool = False) -> notebook.AnalysisReport:
     """Folders (or rank logs) written by ``gpuidle.torch.StepTracker``: the same report as for traces.
 
     Every rank's log present: the report is derived from them. Some missing (written on
@@ -233,7 +237,7 @@ def analyze_tracker(paths: Inputs, warn: Callable[[str], None] | None = None,
         series[s.rank] = s
     world = max((s.world_size for s in series.values()), default=0)
     if run.summary is not None and len(run.summary.ranks) > len(series):
-        return run.summary
+        return notebook.public(run.summary)
     if not series:
         raise InputNotFound(f"{', '.join(str(p) for p in paths)}: no tracker log with steps")
     return analyze_series([series[r] for r in sorted(series)], [str(p) for p in paths], run.skipped,
@@ -243,11 +247,11 @@ def analyze_tracker(paths: Inputs, warn: Callable[[str], None] | None = None,
 def analyze_series(
     series: Sequence[StepSeries], paths: Sequence[str], skipped: Sequence[str] = (),
     duplicates: Sequence[int] = (), world_size: int | None = None, include_warmup: bool = False,
-) -> AnalysisReport:
+) -> notebook.AnalysisReport:
     """The report of the tracker's steps, one series per rank; the advice rules apply unchanged."""
     from gpuidle.advice.series_report import series_report
 
-    return series_report(series, paths, skipped, duplicates, world_size, include_warmup)
+    return notebook.public(series_report(series, paths, skipped, duplicates, world_size, include_warmup))
 
 
 # ----------------------------------------------------------------------------------
@@ -415,7 +419,7 @@ def record_analysis(
                          path=ledger_path, **facts)
 
 
-def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisReport, comparison.RunInfo]:
+def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[notebook.AnalysisReport, comparison.RunInfo]:
     """A run by JSON report path, ledger id, or label (the newest run with that label)."""
     from gpuidle import ledger
     from gpuidle.analysis import compare as comparison
@@ -432,15 +436,15 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[AnalysisR
                                    "run ids or labels, or reports written by gpuidle analyze --json") from None
             raise GpuidleError(f"{shown}: not a gpuidle JSON report ({err})",
                                "give a report written by gpuidle analyze --json, a run id or a label") from None
-        return report, comparison.RunInfo(ref=shown)
+        return notebook.public(report), comparison.RunInfo(ref=shown)
     path = Path(ledger_path).expanduser() if ledger_path is not None else ledger.default_path()
     if not ledger.exists(path):
         raise GpuidleError(f"{ref!r} is neither a report file nor a recorded run (no ledger at {path} yet)",
                            "gpuidle analyze records runs; gpuidle history lists them")
     with ledger.Ledger.for_reading(path) as book:
         run = book.find(ref)
-    return run.analysis(), comparison.RunInfo(ref=f"run {run.id}", label=run.label, batch_size=run.batch_size,
-                                              gpu_model=run.gpu_model)
+    info = comparison.RunInfo(ref=f"run {run.id}", label=run.label, batch_size=run.batch_size, gpu_model=run.gpu_model)
+    return notebook.public(run.analysis()), info
 
 
 def compare_runs(
@@ -449,7 +453,7 @@ def compare_runs(
     ledger_path: str | Path | None = None,
     price_per_gpu_hour: float | None = None,
     steps: int | None = None,
-) -> tuple[Comparison, AnalysisReport, AnalysisReport]:
+) -> tuple[Comparison, notebook.AnalysisReport, notebook.AnalysisReport]:
     """Compare two runs (report paths, ledger ids or labels); also returns both reports, for renderers."""
     from gpuidle.analysis import compare as comparison
 

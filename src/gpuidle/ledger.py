@@ -44,6 +44,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from gpuidle import notebook
 from gpuidle.errors import GpuidleError
 from gpuidle.model import AnalysisReport
 
@@ -156,13 +157,13 @@ class Run:
     inputs: list[InputFile]
     report: str
 
-    def analysis(self) -> AnalysisReport:
+    def analysis(self) -> notebook.AnalysisReport:
         """The recorded report as an :class:`AnalysisReport`, for the :data:`ANALYSIS_KINDS` records."""
         if self.kind not in ANALYSIS_KINDS:
             raise LedgerError(f"run {self.id} is a {self.kind} record, not an analysis report",
                               "compare runs recorded by gpuidle analyze")
         try:
-            return msgspec.json.decode(self.report, type=AnalysisReport)
+            return msgspec.json.decode(self.report, type=notebook.AnalysisReport)
         except msgspec.DecodeError as err:
             raise LedgerError(f"run {self.id}: the recorded report cannot be read ({err})") from None
 

@@ -233,7 +233,7 @@ def cudnn_benchmark(x: RuleInput) -> list[Proposal]:
         "Convolutions dominate: let cuDNN pick the fastest algorithms for your shapes",
         {"conv_share_of_kernel_time": round(k.conv_share, 3)},
         "torch.backends.cudnn.benchmark = True   # set once, before the first forward; input shapes must not vary",
-        Effect(reason="not estimable from one trace: the algorithms cuDNN would pick are not in it; "
+        Effect(reason="a trace does not hold the algorithms cuDNN would pick; "
                       "helps only with fixed input shapes"), confidence="low",
     )]
 

@@ -240,7 +240,7 @@ def _progress(args: argparse.Namespace, label: str) -> Iterator[Callable[[str, i
 
 
 def _launched(args: argparse.Namespace) -> bool:
-    from gpuidle.bench.ranks import under_launcher
+    from gpuidle.probes.ranks import under_launcher
 
     if under_launcher():
         if args.nproc is not None:
@@ -250,8 +250,8 @@ def _launched(args: argparse.Namespace) -> bool:
 
 
 def run_allreduce(args: argparse.Namespace) -> int:
-    from gpuidle.bench import allreduce as ar
-    from gpuidle.bench.common import read_analysis_report
+    from gpuidle.probes import allreduce as ar
+    from gpuidle.probes.common import read_analysis_report
 
     refuse_overwriting_inputs([args.compare], {"--out": args.out})
     report = read_analysis_report(args.compare) if args.compare else None
@@ -266,7 +266,7 @@ def run_allreduce(args: argparse.Namespace) -> int:
     if result is None:  # a rank other than 0 under torchrun: rank 0 prints
         return 0
     if report is not None:
-        from gpuidle.bench.training import with_comparison
+        from gpuidle.probes.training import with_comparison
 
         result = with_comparison(result, report)
     _print(result, args)
@@ -275,7 +275,7 @@ def run_allreduce(args: argparse.Namespace) -> int:
 
 
 def run_net(args: argparse.Namespace) -> int:
-    from gpuidle.bench import net
+    from gpuidle.probes import net
 
     cfg = net.NetConfig(bytes=args.bytes, iters=args.iters, runs=args.runs, level=args.level)
     launched = _launched(args)
@@ -290,7 +290,7 @@ def run_net(args: argparse.Namespace) -> int:
 
 
 def run_storage(args: argparse.Namespace) -> int:
-    from gpuidle.bench.storage import bench_storage
+    from gpuidle.probes.storage import bench_storage
 
     with _progress(args, "bench storage") as progress:
         result = bench_storage(args.path, budget_s=args.budget_s, block_bytes=args.block, drop_cache=args.drop_cache,
@@ -301,8 +301,8 @@ def run_storage(args: argparse.Namespace) -> int:
 
 
 def run_tune_loader(args: argparse.Namespace) -> int:
-    from gpuidle.bench import loader
-    from gpuidle.bench.common import read_analysis_report
+    from gpuidle.probes import loader
+    from gpuidle.probes.common import read_analysis_report
 
     refuse_overwriting_inputs([args.target_from], {"--out": args.out})
     target, source = args.target_batches_per_s, "given" if args.target_batches_per_s else None
@@ -337,7 +337,7 @@ def _formulas(args: argparse.Namespace) -> bool:
 def run_cost(args: argparse.Namespace) -> int:
     cost = None
     if args.from_report:
-        from gpuidle.bench.common import read_analysis_report
+        from gpuidle.probes.common import read_analysis_report
 
         if args.hours is None:
             raise GpuidleError("--from needs --hours: a trace covers seconds, the cost is per job")

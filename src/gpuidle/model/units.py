@@ -1,6 +1,6 @@
 """How a duration reads, the same in every report and in the reasons the probes write.
 
-Here rather than in ``report/`` because the probes (``bench/``) write reasons such as
+Here rather than in ``report/`` because the probes (``probes/``) write reasons such as
 "latency 1.52 ms is over the guide's 1 ms" into their results, and producers may not
 import ``report/``.
 """

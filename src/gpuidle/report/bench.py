@@ -16,13 +16,14 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuidle.advice.calc import CalcReport
-from gpuidle.bench.allreduce import AllReduceResult, SizeRow
-from gpuidle.bench.common import human_bytes
-from gpuidle.bench.loader import LoaderConfig, LoaderResult
-from gpuidle.bench.net import NetResult
-from gpuidle.bench.storage import StorageResult
 from gpuidle.errors import GpuidleError
 from gpuidle.model import CalcLine, CostResult
+from gpuidle.probes.allreduce import AllReduceResult, SizeRow
+from gpuidle.probes.common import human_bytes
+from gpuidle.probes.loader import LoaderResult
+from gpuidle.probes.loader_measure import LoaderConfig
+from gpuidle.probes.net import NetResult
+from gpuidle.probes.storage import StorageResult
 from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report
 
 BAR = 40

@@ -139,6 +139,12 @@ def combined_saved(c: Combined) -> str:
     return f"{ms(c.step_s_saved)}, {ms_range(low, high)} with the modelled ranges"
 
 
+def combined_text(c: Combined) -> str:
+    """Every fix that is not an alternative, applied together: the plan's step time and what limits it then."""
+    return (f"{together(c)}: {ms(c.step_s_before)} → {ms(c.step_s_after)}/step "
+            f"(saves {combined_saved(c)}), utilization {pct(c.utilization_after)}; then {c.limit}")
+
+
 def shown_recommendations(recs: list[Recommendation], top: int) -> list[Recommendation]:
     """The top list: fixes that are not alternatives and not below 0.5 % of a step; alternatives follow theirs."""
     heads = [r for r in recs if r.alternative_to is None and not r.gain.minor][:top]

@@ -4,18 +4,21 @@ No script, no font, no stylesheet or image is fetched: the charts are SVG writte
 here, the style is inline, and a Content-Security-Policy forbids the page any request
 at all, so it opens the same from a laptop on a plane as from a CI artifact.
 
-What it shows: per device, utilization over time with idle intervals coloured by cause
+What it shows, the decision first: the headline (utilization and the largest idle cause),
+the recommendations as ranked cards with their evidence and gain, and every fix together;
+then the evidence: per device, utilization over time with idle intervals coloured by cause
 (from :func:`gpuidle.api.idle_timeline`); per step, busy vs idle by cause as stacked
-bars; for a job, a rank x step heatmap of utilization; the recommendations as cards
-with their evidence and gain; and, for ``gpuidle compare``, the two runs side by side.
+bars; for a job, a rank x step heatmap of utilization; the collectives and kernels. For
+``gpuidle compare``, the two runs side by side.
 Every number comes from the report, the comparison or the timeline; this module only
 places them.
 """
 
 from __future__ import annotations
 
+import html
+
 from gpuidle.advice.hardware import hardware
-from gpuidle.bench.common import human_bytes
 from gpuidle.model import (
     CAUSES,
     AnalysisReport,
@@ -29,7 +32,17 @@ from gpuidle.model import (
     Recommendation,
     RunSummary,
 )
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, gain_text, ms, pct, role_lines, source_label
+from gpuidle.probes.common import human_bytes
+from gpuidle.report.common import (
+    DEFAULT_OPTIONS,
+    RenderOptions,
+    combined_text,
+    gain_text,
+    ms,
+    pct,
+    role_lines,
+    source_label,
+)
 from gpuidle.report.compare_text import money
 from gpuidle.report.svg import (
     CAUSE_COLOR,
@@ -136,13 +149,42 @@ def _shown_rank(report: AnalysisReport) -> RankReport:
     return report.ranks[0] if len(report.ranks) == 1 else min(report.ranks, key=lambda r: r.primary().utilization)
 
 
+def _headline(report: AnalysisReport, shown: RankReport) -> str:
+    """The answer first: the shown device's utilization, its idle time and the cause that holds the most of it."""
+    d = shown.primary()
+    cause, idle = max(d.idle_by_cause_s.items(), key=lambda kv: kv[1], default=("", 0.0))
+    top = (f'; most of it <span class="chip" style="background:{CAUSE_COLOR[cause]}">{esc(cause)}</span> '
+           f"{ms(idle)}" if idle > 0 else "")
+    where = f"rank {shown.rank} · GPU {d.device}" + (f" · {esc(d.name)}" if d.name else "")
+    lowest = " (the lowest of the job)" if len(report.ranks) > 1 else ""
+    return (f'<section id="headline"><h2>{where}{lowest}: <span class="{util_class(d.utilization)}">'
+            f"utilization {pct(d.utilization)}</span></h2>"
+            f'<p class="lead">idle {ms(d.idle_s)} of {ms(d.window_s)}{top}.</p></section>')
+
+
+def _decision(report: AnalysisReport) -> str:
+    """The ranked fixes with their gains, then every fix together: what to do, before why."""
+    recs = report.recommendations
+    cards = "".join(recommendation_card(i, r) for i, r in enumerate(recs, 1))
+    both = report.combined
+    plan = (f'<p id="combined" class="combined"><b>{esc(combined_text(both))}</b></p>'
+            if both is not None and both.fixes else "")
+    return ('<section id="recommendations"><h2>What to change first</h2>'
+            + (cards + plan or "<p>No idle cause above its threshold: nothing stands out.</p>") + "</section>")
+
+
 def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
                   options: RenderOptions = DEFAULT_OPTIONS) -> str:
-    """The full page for one analysis; ``timeline`` adds the utilization-over-time charts."""
+    """The full page for one analysis; ``timeline`` adds the utilization-over-time charts.
+
+    The decision comes first (headline, ranked fixes, all fixes together), the evidence after it
+    (utilization and causes, charts over time and per step, the job, the device's work).
+    """
     n = len(report.ranks)
     shown = _shown_rank(report)
     body = [f"<header><h1>gpuidle · {n} rank{'s' if n != 1 else ''} · {esc(source_label(report.source))}</h1>"
-            f'<div class="muted">{esc(", ".join(report.source.paths))}</div></header>']
+            f'<div class="muted">{esc(", ".join(report.source.paths))}</div></header>',
+            _headline(report, shown), _decision(report)]
     w = shown.window
     body.append(f'<section id="summary"><h2>Utilization</h2><p class="note">window: {esc(w.kind.replace("_", " "))}, '
                 f"{len(shown.steps)} step(s), {ms(w.dur_s)}; steps from {esc(shown.step_source)}"
@@ -150,8 +192,6 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
                 + '<div class="grid">' + "".join(_device_card(shown, d) for d in shown.devices) + "</div>"
                 + "".join(cause_bar(d) for d in shown.devices) + legend() + _cause_table(shown.primary())
                 + "".join(f'<p class="note">note: {esc(x)}</p>' for x in shown.notes) + "</section>")
-    body.append(f'<section id="device-work"><h2>Device work: rank {shown.rank}</h2>'
-                + _collectives_table(shown.communication) + _kernels_table(shown.kernels) + "</section>")
     if timeline is not None:
         note = f'<p class="note">{esc(timeline.note)}</p>' if timeline.note else ""
         body.append(f'<section id="timeline"><h2>Over time: rank {timeline.rank}</h2>{note}'
@@ -171,11 +211,20 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
                     + "</section>")
     if report.job is not None:
         body.append(_job_section(report.job))
-    recs = report.recommendations
-    body.append('<section id="recommendations"><h2>What to change first</h2>'
-                + ("".join(recommendation_card(i, r) for i, r in enumerate(recs, 1))
-                   or "<p>No idle cause above its threshold: nothing stands out.</p>") + "</section>")
+    body.append(f'<section id="device-work"><h2>Device work: rank {shown.rank}</h2>'
+                + _collectives_table(shown.communication) + _kernels_table(shown.kernels) + "</section>")
     return page("gpuidle report", body)
+
+
+NOTEBOOK_HEIGHT_PX = 760
+
+
+def render_inline(report: AnalysisReport) -> str:
+    """The same page, for a notebook cell: in an iframe of its own, so that its style stays inside it and
+    the notebook's stays out (``srcdoc``: nothing is fetched; sandboxed: no script, no form, no navigation)."""
+    return (f'<iframe class="gpuidle-report" title="gpuidle report" sandbox="allow-same-origin" '
+            f'style="width:100%;height:{NOTEBOOK_HEIGHT_PX}px;border:1px solid #d9e2ec;border-radius:8px" '
+            f'srcdoc="{html.escape(render_report(report), quote=True)}"></iframe>')
 
 
 # -- comparison ------------------------------------------------------------------------

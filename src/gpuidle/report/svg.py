@@ -58,6 +58,7 @@ pre{background:#263238;color:#eceff1;padding:10px 12px;border-radius:6px;overflo
 svg{display:block;width:100%;height:auto}svg text{font:11px system-ui,sans-serif;fill:#52606d}
 .verdict{border-left:5px solid #2e7d32}.verdict.no{border-left-color:#c62828}
 .side{display:grid;grid-template-columns:1fr 1fr;gap:12px}
+.lead{font-size:16px;margin:4px 0}.combined{border-left:5px solid #2e7d32;padding:6px 12px;margin:12px 0}
 """
 
 

@@ -25,7 +25,7 @@ from gpuidle.report.common import (
     MANY_STEPS,
     TARGET_UTILIZATION,
     RenderOptions,
-    combined_saved,
+    combined_text,
     excluded_lines,
     gain_text,
     ms,
@@ -37,7 +37,6 @@ from gpuidle.report.common import (
     source_label,
     startup_lines,
     step_rows,
-    together,
     utilization_falls,
 )
 
@@ -142,9 +141,7 @@ def _recommendation(i: int | None, rec: Recommendation) -> RenderableType:
 
 
 def _combined(c: Combined) -> Text:
-    return Text(f"{together(c)}: {ms(c.step_s_before)} → {ms(c.step_s_after)}/step "
-                f"(saves {combined_saved(c)}), utilization {pct(c.utilization_after)}; then {c.limit}",
-                style="bold")
+    return Text(combined_text(c), style="bold")
 
 
 def _cost(cost: CostResult) -> RenderableType:

@@ -11,7 +11,7 @@ loaded machine makes runs bimodal). ``algbw = bytes / time`` and
 ``bytes`` is counted as nccl-tests counts it: the larger of a rank's input and output
 (all_gather: the gathered output; reduce_scatter: the full input). The small-message latency is the median time over
 the sizes up to 1 KiB, steadier than any one size, with the spread of all their runs.
-Checks compare with the guide's rules of thumb; :mod:`gpuidle.bench.training` sets the
+Checks compare with the guide's rules of thumb; :mod:`gpuidle.probes.training` sets the
 figures beside what a profiled training run's own collectives reached.
 """
 
@@ -26,7 +26,9 @@ import numpy as np
 
 from gpuidle.advice.calc import busbw
 from gpuidle.analysis.comm import bus_factor
-from gpuidle.bench.common import (
+from gpuidle.errors import GpuidleError
+from gpuidle.model import duration
+from gpuidle.probes.common import (
     GIB,
     GUIDE_BANDWIDTH_GBPS,
     GUIDE_LATENCY_S,
@@ -35,9 +37,7 @@ from gpuidle.bench.common import (
     import_torch,
     ram_bytes,
 )
-from gpuidle.bench.ranks import Progress, RankContext, run_on_ranks
-from gpuidle.errors import GpuidleError
-from gpuidle.model import duration
+from gpuidle.probes.ranks import Progress, RankContext, run_on_ranks
 
 SCHEMA = "gpuidle.bench.allreduce/1"
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")

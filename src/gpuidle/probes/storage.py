@@ -34,8 +34,8 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from gpuidle.bench.common import KIB, MIB, human_bytes, ram_bytes
 from gpuidle.errors import GpuidleError, InputNotFound
+from gpuidle.probes.common import KIB, MIB, human_bytes, ram_bytes
 
 SCHEMA = "gpuidle.bench.storage/1"
 SMALL_FILE = 512 * KIB

@@ -19,10 +19,10 @@ import numpy as np
 
 from gpuidle.advice.calc import busbw
 from gpuidle.analysis.comm import bus_factor
-from gpuidle.bench.allreduce import AllReduceResult, SizeRow, TrainingComparison
-from gpuidle.bench.common import GIB, KIB, MIB, human_bytes
-from gpuidle.bench.fit import TimedSize, TimeFit, fit_latency_bandwidth
 from gpuidle.model import AnalysisReport, CollectiveStat, duration
+from gpuidle.probes.allreduce import AllReduceResult, SizeRow, TrainingComparison
+from gpuidle.probes.common import GIB, KIB, MIB, human_bytes
+from gpuidle.probes.fit import TimedSize, TimeFit, fit_latency_bandwidth
 
 WELL_BELOW = 0.5
 """Training busbw under this share of the benchmark's at the same size is worth a look."""
@@ -46,7 +46,7 @@ def fit_time(rows: Sequence[SizeRow], op: str, above: bool) -> TimeFit | None:
     """The latency + bytes / bandwidth fit over the largest (``above``) or smallest measured sizes.
 
     None with fewer than two sizes or a time that does not grow with size beyond the runs' spread
-    (:func:`~gpuidle.bench.fit.fit_latency_bandwidth` decides).
+    (:func:`~gpuidle.probes.fit.fit_latency_bandwidth` decides).
     """
     pts = sorted((r for r in rows if r.op == op and r.time_us is not None), key=lambda r: r.bytes)
     take = pts[-FIT_SIZES:] if above else pts[:FIT_SIZES]

@@ -28,70 +28,34 @@ lasts: nothing starts once it is spent.
 from __future__ import annotations
 
 import importlib
-import math
 import os
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
-from gpuidle.bench.common import import_torch, usable_cores
 from gpuidle.errors import GpuidleError
 from gpuidle.model import AnalysisReport
+from gpuidle.probes.common import import_torch, usable_cores
+from gpuidle.probes.loader_choice import contended, default_workers, next_workers, recommend, snippet, step_rate
+from gpuidle.probes.loader_measure import (
+    DEFAULT_PREFETCH,
+    Clock,
+    LoaderConfig,
+    LoaderPoint,
+    measure_point,
+    measure_restart,
+)
 
 SCHEMA = "gpuidle.bench.loader/1"
-KNEE = 0.95
-"""Without a target: the fewest workers within this share of the best rate (or its noise, if larger)."""
 MIN_WINDOW_S = 0.25
-MIN_BATCHES = 4
-"""Steady-state batches needed for a rate, and per worker (:data:`PER_WORKER`)."""
-PER_WORKER = 4
-CHUNKS = 4
-"""The timed batches are split in this many parts for the noise of the rate."""
-NOISE_SIGMAS = 2.0
-"""Two rates differ when they are further apart than this many combined standard errors."""
-SCALING = 0.75
-"""Past the cores the sweep goes on while doubling the workers keeps this share of the rate per worker."""
-MAX_WORKERS_PER_CORE = 8
-DEFAULT_PREFETCH = 2
 PERSISTENT_HELPS = 0.5
 """persistent_workers is recommended when its epoch start takes under half a fresh start."""
 
 Progress = Callable[[str, int, int], None]
-Clock = Callable[[], float]
-
-
-class LoaderConfig(msgspec.Struct, frozen=True):
-    num_workers: int
-    pin_memory: bool = False
-    prefetch_factor: int | None = None
-    """None with 0 workers (the DataLoader then forbids it); 2 is torch's default otherwise."""
-    persistent_workers: bool = False
-
-
-class LoaderPoint(msgspec.Struct):
-    config: LoaderConfig
-    startup_s: float
-    """``iter(loader)`` to the first batch: worker start-up, excluded from the rate."""
-    batches: int
-    """Steady-state batches timed."""
-    seconds: float
-    batches_per_s: float | None
-    samples_per_s: float | None
-    oversubscribed: bool
-    """``num_workers × local ranks > cores``: more processes than cores (by count alone)."""
-    epoch_ended: bool = False
-    error: str | None = None
-    noise: float | None = None
-    """Relative standard error of ``batches_per_s``, from the spread of its parts."""
-    step_per_s: float | None = None
-    """With a target: the steps per second a training loop would get (0 workers: load and compute in series)."""
-    contended: bool = False
-    """Oversubscribed, and its rate per worker fell against the setting before it: the numbers show contention."""
 
 
 class PersistentCheck(msgspec.Struct):
@@ -172,217 +136,6 @@ def target_from_report(report: AnalysisReport) -> float:
         raise GpuidleError("the report has no steps with compute time",
                            "give --target-batches-per-s, or a report of a trace with profiler steps")
     return 1.0 / statistics.median(busy)
-
-
-def default_workers(cores: int) -> list[int]:
-    """0, 1, 2, 4, ... up to ``cores``, and ``cores`` itself."""
-    out, w = [0], 1
-    while w <= cores:
-        out.append(w)
-        w *= 2
-    if cores not in out:
-        out.append(cores)
-    return out
-
-
-def _loader(dataset: Any, cfg: LoaderConfig, batch_size: int, collate_fn: Any, sampler: Any) -> Any:
-    torch = import_torch()
-    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
-    kwargs: dict[str, Any] = {"batch_size": batch_size, "num_workers": cfg.num_workers,
-                              "pin_memory": cfg.pin_memory, "collate_fn": collate_fn}
-    if sampler is not None:
-        kwargs["sampler"] = sampler
-    elif not iterable:
-        kwargs["shuffle"] = True  # the access order of training
-    if cfg.num_workers > 0:
-        kwargs["prefetch_factor"] = cfg.prefetch_factor or DEFAULT_PREFETCH
-        kwargs["persistent_workers"] = cfg.persistent_workers
-    return torch.utils.data.DataLoader(dataset, **kwargs)
-
-
-def measure_point(dataset: Any, cfg: LoaderConfig, *, batch_size: int, window_s: float, collate_fn: Any = None,
-                  sampler: Any = None, oversubscribed: bool = False, clock: Clock = time.perf_counter,
-                  max_s: float | None = None, caught: list[str] | None = None) -> LoaderPoint:
-    """One setting: start-up, then the steady-state rate over about ``window_s`` seconds.
-
-    The window stretches (up to ``max_s`` after the first batch, 3 × ``window_s`` by default)
-    until :data:`PER_WORKER` batches per worker are timed. torch's own warnings (its
-    oversubscription warning, printed at each ``iter``) go to ``caught``, once each.
-    """
-    w = max(cfg.num_workers, 1)
-    prefilled = cfg.num_workers * (cfg.prefetch_factor or DEFAULT_PREFETCH) if cfg.num_workers else 0
-    need = max(MIN_BATCHES, PER_WORKER * w)
-    cap = max_s if max_s is not None else 3 * window_s
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        loader = _loader(dataset, cfg, batch_size, collate_fn, sampler)
-        t0 = clock()
-        it = iter(loader)
-        try:
-            next(it)
-        except StopIteration:
-            raise GpuidleError("the dataset gave no batch", "check its length, or lower --batch-size") from None
-        first = clock()
-        stamps = [first]
-        ended = False
-        while True:
-            elapsed = stamps[-1] - first
-            steady = len(stamps) - 1 - prefilled
-            if (elapsed >= window_s and steady >= need) or elapsed >= cap:
-                break
-            try:
-                next(it)
-            except StopIteration:
-                ended = True
-                break
-            stamps.append(clock())
-        del it, loader  # shuts the workers down, outside the timing
-    if caught is not None:
-        caught.extend(m for m in (str(x.message) for x in seen) if m not in caught)
-    rate, n, secs, noise = steady_rate(stamps, prefilled, w)
-    return LoaderPoint(cfg, first - t0, n, secs, rate, None if rate is None else rate * batch_size,
-                       oversubscribed, ended, noise=noise)
-
-
-def steady_rate(stamps: Sequence[float], skip: int, rounds_of: int) -> tuple[float | None, int, float, float | None]:
-    """``(batches/s, batches, seconds, relative noise)`` from the arrival time of each batch.
-
-    The first ``skip`` batches after the first (prefetched while the workers started) are
-    left out when enough remain; the count is a whole number of rounds of ``rounds_of``
-    batches. The noise is the standard error of the mean of :data:`CHUNKS` parts' rates,
-    relative to the rate; None with fewer than two parts.
-    """
-    k = min(skip, max(len(stamps) - 1 - MIN_BATCHES, 0))
-    n = len(stamps) - 1 - k
-    if n >= rounds_of:
-        n -= n % rounds_of
-    secs = stamps[k + n] - stamps[k] if n > 0 else 0.0
-    if n <= 0 or secs <= 0:
-        return None, max(n, 0), secs, None
-    rate = n / secs
-    parts = min(CHUNKS, n // rounds_of)
-    noise = None
-    if parts >= 2:
-        size = (n // rounds_of // parts) * rounds_of
-        rates = [size / d for i in range(parts)
-                 if (d := stamps[k + (i + 1) * size] - stamps[k + i * size]) > 0]
-        if len(rates) >= 2:
-            noise = statistics.stdev(rates) / statistics.fmean(rates) / math.sqrt(len(rates))
-    return rate, n, secs, noise
-
-
-def measure_restart(dataset: Any, cfg: LoaderConfig, *, batch_size: int, collate_fn: Any = None,
-                    clock: Clock = time.perf_counter) -> tuple[float, float]:
-    """``(fresh start, persistent start)``: first batch of epoch 1 and of epoch 2, with persistent workers.
-
-    A subset of a few batches keeps each epoch short; epoch 1 is run to its end so that
-    epoch 2 starts as it would in training.
-    """
-    torch = import_torch()
-    per = cfg.num_workers * (cfg.prefetch_factor or DEFAULT_PREFETCH) + MIN_BATCHES
-    size = min(len(dataset), per * batch_size)
-    subset = torch.utils.data.Subset(dataset, range(size))
-    loader = _loader(subset, msgspec.structs.replace(cfg, persistent_workers=True), batch_size, collate_fn, None)
-    t0 = clock()
-    it = iter(loader)
-    next(it)
-    fresh = clock() - t0
-    for _ in it:
-        pass
-    t0 = clock()
-    it = iter(loader)
-    next(it)
-    again = clock() - t0
-    for _ in it:
-        pass
-    del it, loader
-    return fresh, again
-
-
-def step_rate(batches_per_s: float, workers: int, target: float) -> float:
-    """Steps per second of a training loop whose GPU computes ``1 / target`` per step.
-
-    0 workers: the batch is loaded in series with the step, ``1 / (1 / rate + 1 / target)``;
-    workers load while the GPU computes, ``min(rate, target)``.
-    """
-    if workers == 0:
-        return 1.0 / (1.0 / batches_per_s + 1.0 / target)
-    return min(batches_per_s, target)
-
-
-def _margin(p: LoaderPoint, q: LoaderPoint | None = None) -> float:
-    """Relative margin within which two rates are the same: their combined noise, ``NOISE_SIGMAS`` wide."""
-    a, b = p.noise or 0.0, (q.noise or 0.0) if q is not None else 0.0
-    return NOISE_SIGMAS * math.hypot(a, b)
-
-
-def recommend(points: Sequence[LoaderPoint], target: float | None,
-              knee: float = KNEE) -> tuple[LoaderPoint | None, bool | None]:
-    """The fewest workers that reach ``target`` (batches/s) within noise; without one, within noise of the best.
-
-    With a target, 0 workers is judged by its serial step rate (:func:`step_rate`). Without one,
-    the bar is ``knee`` of the best rate or its noise margin, whichever is lower, and 0 workers
-    is chosen only when it beats every worker setting beyond noise and ``knee`` (its loading
-    would add to each step). Returns ``(point, reaches_target)``; when nothing reaches the target, the one
-    with the highest step rate and False.
-    """
-    ok = [p for p in points if p.batches_per_s is not None and p.error is None]
-    if not ok:
-        return None, None
-
-    def size(p: LoaderPoint) -> tuple[bool, int, bool, int]:
-        c = p.config
-        return (p.contended, c.num_workers, c.pin_memory, c.prefetch_factor or 0)
-
-    def rate(p: LoaderPoint) -> float:
-        return p.batches_per_s or 0.0
-
-    if target is None:
-        workers = [p for p in ok if p.config.num_workers > 0]
-        best = max(workers or ok, key=rate)
-        serial = [p for p in ok if p.config.num_workers == 0]
-        if not workers or (serial and rate(serial[0]) * (1 - _margin(serial[0], best)) * knee > rate(best)):
-            return (serial or ok)[0], None
-        return min((p for p in workers if rate(p) >= rate(best) * min(knee, 1 - _margin(p, best))), key=size), None
-
-    def steps(p: LoaderPoint) -> float:
-        return step_rate(rate(p), p.config.num_workers, target)
-
-    reaching = [p for p in ok if steps(p) * (1 + _margin(p)) >= target]
-    if reaching:
-        return min(reaching, key=size), True
-    return max(ok, key=steps), False
-
-
-def next_workers(points: Sequence[LoaderPoint], cores: int) -> int | None:
-    """Past the cores: double the workers while doubling kept :data:`SCALING` of the rate per worker."""
-    measured = sorted((p for p in points if p.batches_per_s and p.error is None and p.config.prefetch_factor
-                       in (None, DEFAULT_PREFETCH)), key=lambda p: p.config.num_workers)
-    if len(measured) < 2 or measured[-1].config.num_workers == 0:
-        return None
-    a, b = measured[-2], measured[-1]
-    w = b.config.num_workers
-    # 0 workers is one loading process: the main one
-    per_a, per_b = (a.batches_per_s or 0.0) / max(a.config.num_workers, 1), (b.batches_per_s or 0.0) / w
-    if w < cores or 2 * w > MAX_WORKERS_PER_CORE * cores or per_b < SCALING * per_a:
-        return None
-    return 2 * w
-
-
-def contended(p: LoaderPoint, before: LoaderPoint | None) -> bool:
-    """Oversubscribed and slower per worker than the setting before it, beyond noise and :data:`SCALING`."""
-    if not p.oversubscribed or before is None or not p.batches_per_s or not before.batches_per_s:
-        return False
-    per, per_before = p.batches_per_s / p.config.num_workers, before.batches_per_s / max(before.config.num_workers, 1)
-    return per * (1 + _margin(p, before)) < SCALING * per_before
-
-
-def snippet(cfg: LoaderConfig, batch_size: int) -> str:
-    args = [f"batch_size={batch_size}", f"num_workers={cfg.num_workers}", f"pin_memory={cfg.pin_memory}"]
-    if cfg.num_workers > 0:
-        args += [f"prefetch_factor={cfg.prefetch_factor or DEFAULT_PREFETCH}",
-                 f"persistent_workers={cfg.persistent_workers}"]
-    return f"DataLoader(dataset, {', '.join(args)})"
 
 
 def tune_loader(dataset: Any, *, batch_size: int, budget_s: float = 60.0, target_batches_per_s: float | None = None,

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from gpuidle.bench.common import import_dist, import_torch
 from gpuidle.errors import GpuidleError
+from gpuidle.probes.common import import_dist, import_torch
 
 Progress = Callable[[str, int, int], None]
 """``(what, done, total)``, called on rank 0 only."""

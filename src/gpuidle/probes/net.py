@@ -5,7 +5,7 @@ pair at a time while the other ranks wait, and plays ping-pong through
 ``torch.distributed.send``/``recv``: half the round trip of a small message is the
 latency, a large message over half its round trip is the bandwidth. Each is the median
 of ``runs`` runs, the latency with its fastest run and 90th percentile; when those
-disagree by more than :data:`~gpuidle.bench.allreduce.DISAGREE` (a loaded machine makes
+disagree by more than :data:`~gpuidle.probes.allreduce.DISAGREE` (a loaded machine makes
 latency bimodal) the pair makes as many latency runs again. On a single node
 every pair of ranks is measured instead (``level="rank"``). A link is slow when its
 bandwidth is under half the median link's or its latency over twice the median's, or
@@ -22,11 +22,11 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from gpuidle.bench.allreduce import DISAGREE, spread
-from gpuidle.bench.common import GUIDE_BANDWIDTH_GBPS, GUIDE_LATENCY_S, MIB, import_dist, import_torch
-from gpuidle.bench.ranks import Progress, RankContext, run_on_ranks
 from gpuidle.errors import GpuidleError
 from gpuidle.model import duration
+from gpuidle.probes.allreduce import DISAGREE, spread
+from gpuidle.probes.common import GUIDE_BANDWIDTH_GBPS, GUIDE_LATENCY_S, MIB, import_dist, import_torch
+from gpuidle.probes.ranks import Progress, RankContext, run_on_ranks
 
 SCHEMA = "gpuidle.bench.net/1"
 DEFAULT_BYTES = {"cuda": 64 * MIB, "cpu": 16 * MIB}
