@@ -78,7 +78,7 @@ def test_fleet_table_reports_and_ledger(tmp_path: Path, private_ledger: Path) ->
         assert row["idle_gpu_hours"] == pytest.approx(wasted, rel=1e-9)  # the causes add up to the waste
         assert row["top_fix"] == report.recommendations[0].title
         assert runs[row["name"]].id == row["run_id"]  # recorded, labelled by the job's name
-        assert runs[row["name"]].analysis() == report
+        assert runs[row["name"]].analysis().to_json() == report.to_json()
         for c in totals:
             totals[c] += by_cause[c]
     assert fleet["idle_gpu_hours_by_cause"] == pytest.approx(totals, rel=1e-9, abs=1e-12)

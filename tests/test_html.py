@@ -29,7 +29,7 @@ from gpuidle import api
 from gpuidle.cli import main
 from gpuidle.model import CAUSES
 from gpuidle.report import html, svg
-from gpuidle.report.common import gain_text, ms
+from gpuidle.report.common import combined_text, gain_text, ms
 from minitrace import Trace
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -304,8 +304,9 @@ def test_the_page_leads_with_the_decision(chromium: Chromium, tmp_path: Path) ->
     both = report.combined
     assert both is not None
     plan = js(session, "document.querySelector('#combined').textContent")
+    assert plan == combined_text(both)
     assert plan.startswith(f"all {len(both.fixes)} fixes together: {ms(both.step_s_before)} → "
-                           f"{ms(both.step_s_after)}/step (saves {ms(both.step_s_saved)})")
+                           f"{ms(both.step_s_after)}/step (saves {ms(both.step_s_saved)}")
 
 
 def test_a_notebook_shows_the_same_page(chromium: Chromium, tmp_path: Path) -> None:
