@@ -120,7 +120,7 @@ def _kernels_table(k: KernelFacts) -> str:
     rows = "".join(f'<tr><td><code>{esc(s.name)}</code></td><td class="num">{s.count}</td>'
                    f'<td class="num">{ms(s.total_s)}</td><td class="num">{pct(s.share)}</td></tr>' for s in k.top)
     gemm = ("" if k.reduced_precision_gemm_share is None
-            else f" · GEMM/conv in fp16/bf16/tensor cores: {pct(k.reduced_precision_gemm_share)}")
+            else f" · GEMM/conv in fp16/bf16 or on matrix units: {pct(k.reduced_precision_gemm_share)}")
     return (f'<h3>Kernels</h3><p class="note">{k.count:,} kernels, {ms(k.total_s)}; '
             f"{pct(k.short_kernel_share)} of kernel time in kernels &lt; 10 µs{gemm} · syncs/step "
             f"{k.syncs_per_step:.1f} · .item()/step {k.item_calls_per_step:.1f}</p>"

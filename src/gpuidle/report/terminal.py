@@ -213,7 +213,7 @@ class TerminalRenderer:
         k = r.kernels
         facts = f"kernels: {k.count} ({pct(k.short_kernel_share)} of kernel time in kernels < 10 µs)"
         if k.reduced_precision_gemm_share is not None:
-            facts += f" · GEMM/conv in fp16/bf16/tensor cores: {pct(k.reduced_precision_gemm_share)}"
+            facts += f" · GEMM/conv in fp16/bf16 or on matrix units: {pct(k.reduced_precision_gemm_share)}"
         facts += f" · syncs/step {k.syncs_per_step:.1f} · .item()/step {k.item_calls_per_step:.1f}"
         console.print(Text(facts, style="bright_black"))
         for note in r.notes:
