@@ -91,11 +91,16 @@ MIN_SHARE = 0.03
 """A cause below 3 % of the window is not worth a recommendation."""
 
 
-def removes_between(low: float, high: float, idle: dict[Cause, float] | None = None, busy: float = 0.0) -> Effect:
-    """A modelled saving: between ``low`` and ``high`` times these seconds go; the nominal is the middle."""
+def removes_between(low: float, high: float, idle: dict[Cause, float] | None = None, busy: float = 0.0,
+                    part: str | None = None, pools: tuple[str, ...] = ()) -> Effect:
+    """A modelled saving: between ``low`` and ``high`` times these seconds go; the nominal is the middle (a
+    point when the two are equal). ``part``/``pools``: as :class:`~gpuidle.advice.whatif.Effect`'s."""
     mid = (low + high) / 2
-    effect = Effect(idle={c.value: sec * mid for c, sec in (idle or {}).items()}, busy=busy * mid)
-    return modelled(effect, low / mid, high / mid) if mid > 0 else Effect(reason="no saving at either bound")
+    if mid <= 0:
+        return Effect(reason="no saving at either bound")
+    effect = Effect(idle={c.value: sec * mid for c, sec in (idle or {}).items()}, busy=busy * mid, part=part,
+                    pools=pools)
+    return modelled(effect, low / mid, high / mid) if low != high else effect
 
 
 def _ms(seconds: float) -> float:

@@ -12,8 +12,8 @@ DDP's own fixes stay in :func:`gpuidle.advice.rules.exposed_communication`, for 
 from __future__ import annotations
 
 from gpuidle.advice.comm_rules import COMPRESSIBLE_MESSAGE, LOW_BUSBW_GBPS
-from gpuidle.advice.ruleinput import MIB, MIN_SHARE, Rule, RuleInput, _ms
-from gpuidle.advice.whatif import Effect, Proposal, modelled
+from gpuidle.advice.ruleinput import MIB, MIN_SHARE, Rule, RuleInput, _ms, removes_between
+from gpuidle.advice.whatif import Effect, Proposal
 from gpuidle.model import Cause, CommRole
 
 FWD, BWD, OPT = "param_all_gather_forward", "param_all_gather_backward", "param_all_gather_optimizer"
@@ -57,11 +57,9 @@ class Roles:
 
 
 def _effect(seconds: float, low: float, high: float, part: str | None, *more: str) -> Effect:
-    """``low``..``high`` of ``seconds`` of exposed communication in ``part`` go (a point when equal); the nominal
-    is the middle. ``more``: further roles the fix draws on."""
-    mid = (low + high) / 2
-    effect = Effect(idle={COMM: seconds * mid}, part=part, pools=tuple(f"{COMM}:{p}" for p in more))
-    return modelled(effect, low / mid, high / mid) if mid > 0 and low != high else effect
+    """``low``..``high`` of ``seconds`` of exposed communication in ``part`` go; ``more``: further roles it draws on."""
+    return removes_between(low, high, {Cause.COMMUNICATION: seconds}, part=part,
+                           pools=tuple(f"{COMM}:{p}" for p in more))
 
 
 FORWARD_PREFETCH = (

@@ -37,6 +37,8 @@ from gpuidle.model import Cause, Combined, Gain, JobReport, RankReport, Recommen
 MINOR_SHARE = 0.005
 """A fix saving less than 0.5 % of a step stays in the JSON but leaves the terminal's top list."""
 _CONFIDENCE = {"high": 0, "medium": 1, "low": 2}
+UTILIZATION_TOLERANCE = 1e-9
+"""Two utilizations computed by different sums of the same seconds differ by rounding, not by a fall."""
 TIE_SHARE = 0.01
 """Savings within 1 % of the step of each other rank as equal, then by confidence: run-to-run noise in
 the measured means (and rounding in their sums) never decides between two fixes."""
@@ -372,9 +374,10 @@ def _per_rank(proposals: Sequence[Proposal], reports: Sequence[RankReport], incl
             _not_estimable(p, None, None, None if ranks else f"no job-level figure: {problem}")
             saved_by[p.rec.id] = None
         else:
-            best = max(ranks, key=lambda r: (_saved(Model({r: states[r]}), [], p) or (0.0, 0.0, 0.0))[1])
+            on_rank = {r: _saved(Model({r: states[r]}), [], p) for r in ranks}
+            best = max(ranks, key=lambda r: (on_rank[r] or (0.0, 0.0, 0.0))[1])
             model = Model({best: states[best]})
-            saved_by[p.rec.id] = _saved(model, [], p)
+            saved_by[p.rec.id] = on_rank[best]
             _set_gain(p, model, model.step_s(), model.utilization(), saved_by[p.rec.id], None, [])
             p.rec.gain.reason = p.rec.gain.reason or f"rank {best}'s own step; no job-level figure: {problem}"
         p.rec.gain.scope = "rank"
@@ -403,7 +406,7 @@ def _set_gain(p: Proposal, model: Model, t0: float, u0: float, saved: tuple[floa
         after_id = prev.rec.id
         reason = (f"after {prev.rec.id}" + (f" on rank {prev.rec.rank}" if prev.rec.rank is not None else "")
                   + f", {p.rec.cause} on rank {r} limits the step: {after_mid * 1e3:.2f} ms")
-    elif util < u0 - 1e-9:
+    elif util < u0 - UTILIZATION_TOLERANCE:
         r, cause, sec = model.limit(mine)
         was, now = _distinct_percents(u0, util)
         reason = (f"utilization falls from {was} % to {now} %: "

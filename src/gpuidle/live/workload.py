@@ -124,8 +124,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--straggler-ms", type=float, default=0.0)
     p.add_argument("--comm-mb", type=float, default=0.0)
     p.add_argument("--bucket-mb", type=float, default=0.25, help="DDP bucket_cap_mb")
-    p.add_argument("--compress", choices=["none", "bf16", "fp16"], default="none",
-                   help="DDP gradient compression hook (the fix for an exposed all-reduce)")
     p.add_argument("--shard", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
     p.add_argument("--item-sync", action="store_true")
     p.add_argument("--every", type=int, default=10, help="tracker exchange interval, steps")
@@ -214,15 +212,6 @@ def _step(w: Workload, x: torch.Tensor, y: torch.Tensor) -> None:
         loss.item()
 
 
-def _compress_hook(kind: str) -> Any:
-    """DDP's own compression hook for ``--compress``, or None."""
-    if kind == "none":
-        return None
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    return default_hooks.bf16_compress_hook if kind == "bf16" else default_hooks.fp16_compress_hook
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from gpuidle.live.tracker import StepTracker
 
@@ -232,11 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.no_tracker:
             train(w, None, args.steps)
             return 0
-        hook = _compress_hook(args.compress)
-        tracker = StepTracker(args.out, model=None if hook else w.model, every=args.every, log_every=args.log_every,
-                              group=args.group)
-        if hook:
-            tracker.watch_ddp(w.model, None, hook)
+        tracker = StepTracker(args.out, model=w.model, every=args.every, log_every=args.log_every, group=args.group)
         if args.profile:
             start, stop = (int(x) for x in args.profile.split(":"))
             tracker.profile(range(start, stop))

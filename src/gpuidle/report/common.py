@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gpuidle.advice.whatif import UTILIZATION_TOLERANCE
 from gpuidle.model import Combined, CommRole, Gain, RankReport, Recommendation, Source, duration
 from gpuidle.report.text import printable
 
@@ -70,10 +71,6 @@ def step_rows(r: RankReport) -> list[tuple[str, str, str, str, str]]:
 
 
 DEFAULT_OPTIONS = RenderOptions()
-
-
-UTILIZATION_TOLERANCE = 1e-9
-"""Two utilizations computed by different sums of the same seconds differ by rounding, not by a fall."""
 
 
 def utilization_falls(g: Gain) -> bool:
