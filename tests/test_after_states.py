@@ -29,11 +29,14 @@ STRAGGLER_MS = 60.0
 DATA_MS = 30.0
 BATCH = 64
 
+DEVICE = ["--device-ms", "30"]
+"""A step long enough that the all-reduce's jitter on two shared cores (a few ms) stays well inside the tolerance."""
+
 JOBS = {
-    "clean": [],
-    "straggler": ["--straggler-rank", "0", "--straggler-ms", str(STRAGGLER_MS)],
-    "data": ["--data-rank", "1", "--item-delay-ms", str(DATA_MS / BATCH)],
-    "both": ["--straggler-rank", "0", "--straggler-ms", str(STRAGGLER_MS),
+    "clean": DEVICE,
+    "straggler": [*DEVICE, "--straggler-rank", "0", "--straggler-ms", str(STRAGGLER_MS)],
+    "data": [*DEVICE, "--data-rank", "1", "--item-delay-ms", str(DATA_MS / BATCH)],
+    "both": [*DEVICE, "--straggler-rank", "0", "--straggler-ms", str(STRAGGLER_MS),
              "--data-rank", "1", "--item-delay-ms", str(DATA_MS / BATCH)],
     "comm": ["--comm-mb", "16", "--device-ms", "4"],
 }
@@ -124,8 +127,11 @@ def test_exposed_communication(jobs: dict[str, AnalysisReport]) -> None:
     assert "halves the bytes" in g.assumption
     assert g.step_s_saved_low is not None
     assert g.step_s_saved_high is not None
-    assert g.step_s_saved_low == pytest.approx(g.step_s_saved_high / 2)
-    assert g.step_s_saved_low < g.step_s_saved < g.step_s_saved_high
+    assert 0 < g.step_s_saved_low < g.step_s_saved < g.step_s_saved_high
+    # at most half of the exposed communication of the rank that sets the pace: the bytes halved
+    exposed = max(sum(s.idle_by_cause_s["communication"] for s in counted(r.steps)) / len(counted(r.steps))
+                  for r in report.ranks)
+    assert g.step_s_saved_high <= exposed / 2 + 1e-9
 
 
 def test_every_gain_is_a_range_around_its_nominal(jobs: dict[str, AnalysisReport]) -> None:
