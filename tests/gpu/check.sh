@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The checks that need a real NVIDIA GPU, in one run: NVML sampling, the tracker's device timing, and a
 # before/after gain prediction on real traces. Run from the repository root on a machine with a GPU and
-# the CUDA build of torch:  bash tests/gpu/check.sh
+# the CUDA build of torch:  bash tests/gpu/check.sh   (PYTHON names the interpreter; python3 by default;
+# GPUIDLE_KEEP_TRACES=DIR keeps the before/after trace pair)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0))"
-python -m pytest -q -p no:cacheprovider tests/gpu "$@"
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name(0))"
+"$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/gpu "$@"

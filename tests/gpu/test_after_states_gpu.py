@@ -10,6 +10,7 @@ in the second trace within 10 %, and the tracker's own gain must agree with the 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,10 @@ def _profiled(out: Path, *args: str) -> tuple[AnalysisReport, AnalysisReport]:
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (trace,) = (out / "profile").glob("rank0.*.pt.trace.json.gz")
+    keep = os.environ.get("GPUIDLE_KEEP_TRACES")
+    if keep:  # the pair, kept to be read back on machines without a GPU
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(trace, Path(keep) / f"{out.name}.pt.trace.json.gz")
     return analyze(trace), analyze(out)
 
 
