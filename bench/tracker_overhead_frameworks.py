@@ -2,6 +2,7 @@
 
     python bench/tracker_overhead_frameworks.py                     # JAX, then Keras
     python bench/tracker_overhead_frameworks.py --only jax --rounds 20 --block 30
+    python bench/tracker_overhead_frameworks.py --only jax --dim 4096               # on a GPU
 
 Arms: A and A' (plain, identical: their difference is the noise floor) and B (tracked), run in
 blocks of ``--block`` steps rotating A A' B, B A' A, … in one process on the same model and
@@ -51,7 +52,7 @@ def report(framework: str, times: dict[str, list[float]]) -> None:
           f"noise floor A'/A {control[0] * 100:+.2f} % ± {control[1] * 100:.2f} %   (target ≤ 0.5 %)")
 
 
-def jax_arms(block: int, out: str) -> dict[str, Callable[[], float]]:
+def jax_arms(block: int, out: str, dim: int) -> dict[str, Callable[[], float]]:
     import jax
     import jax.numpy as jnp
 
@@ -64,8 +65,8 @@ def jax_arms(block: int, out: str) -> dict[str, Callable[[], float]]:
             h = jnp.tanh(h @ w)
         return w - 1e-4 * h.mean(), h.sum()
 
-    state = {"w": jnp.full((512, 512), 0.01)}
-    x = jnp.ones((256, 512))
+    state = {"w": jnp.full((dim, dim), 0.01)}
+    x = jnp.ones((dim // 2, dim))
     state["w"], loss = step(state["w"], x)
     loss.block_until_ready()
     tracker = StepTracker(out, every=50, log_every=None, ledger=False)
@@ -123,10 +124,11 @@ def main() -> None:
     p.add_argument("--only", choices=["jax", "keras"])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--block", type=int, default=40)
+    p.add_argument("--dim", type=int, default=512, help="JAX: the model's width (4096 gives ms-long steps on a GPU)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as out:
         if args.only in (None, "jax"):
-            report("jax", ab(jax_arms(args.block, os.path.join(out, "jax")), args.rounds))
+            report("jax", ab(jax_arms(args.block, os.path.join(out, "jax"), args.dim), args.rounds))
         if args.only in (None, "keras"):
             report("keras", ab(keras_arms(args.block, os.path.join(out, "keras")), args.rounds))
 

@@ -1,8 +1,8 @@
 """A small JAX training loop under ``gpuidle.jax.StepTracker``, run as a script by the tests.
 
-    python tests/jax_loop.py OUT_DIR MODE [STEPS]     # MODE: data, sync, light (a short data delay), slow
+    python tests/jax_loop.py OUT_DIR MODE [STEPS]     # MODE: data, sync, hostwork, light, slow
 Rank and world size come from GPUIDLE_RANK / GPUIDLE_WORLD_SIZE (independent processes writing
-their rank logs to one folder). Prints one JSON line: what the loop did, timed by itself.
+their rank logs to one folder). Prints one JSON line: what the loop did, timed by itself (``loop_s``: the steps alone, without ``close``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ DATA_DELAY_S = 0.015
 LIGHT_DELAY_S = 0.003
 SLOW_DELAY_S = 0.04
 """A rank whose data is slow enough to stand out however loaded the machine is."""
-HOST_WORK_S = 0.006
+HOST_WORK_S = 0.002
+"""Less than the step's device work: the sync, not the host, is what leaves the device idle."""
 
 
 @jax.jit
@@ -43,7 +44,8 @@ def main() -> None:
     out, mode = sys.argv[1], sys.argv[2]
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 60
     rank, world = int(os.environ.get("GPUIDLE_RANK", "0")), int(os.environ.get("GPUIDLE_WORLD_SIZE", "1"))
-    w, x = jnp.full((256, 256), 0.01), jnp.ones((128, 256))
+    # the sync modes' steps are longer on the device than the host work the loop does between them
+    w, x = jnp.full((256, 256), 0.01), jnp.ones((1024 if mode in ("sync", "hostwork") else 128, 256))
     w, loss = train_step(w, x)
     loss.block_until_ready()
     # the loop's own device time per step, measured synchronously beforehand (the reference)
@@ -60,10 +62,13 @@ def main() -> None:
             w, loss = train_step(w, batch)
         if mode == "sync":
             float(loss)
-            time.sleep(HOST_WORK_S)  # host work the sync leaves exposed
+        if mode in ("sync", "hostwork"):  # hostwork: the same host work without the sync (the sync fix's after-state)
+            time.sleep(HOST_WORK_S)
         tracker.step(loss)
+    loss.block_until_ready()
+    loop_s = time.perf_counter() - t0
     tracker.close()
-    print(json.dumps({"wall_s": time.perf_counter() - t0, "compute_s": compute_s, "steps": steps}))
+    print(json.dumps({"wall_s": time.perf_counter() - t0, "loop_s": loop_s, "compute_s": compute_s, "steps": steps}))
 
 
 if __name__ == "__main__":

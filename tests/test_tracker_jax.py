@@ -26,7 +26,8 @@ def run_loop(out: Path, mode: str, rank: int = 0, world: int = 1, steps: int = 6
     env = {**os.environ, "PYTHONPATH": SRC, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": str(world),
            "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, str(LOOP), str(out), mode, str(steps)], capture_output=True, text=True,
-                          env=env, check=True)
+                          env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
@@ -40,7 +41,7 @@ def shares(report: AnalysisReport, rank: int = 0) -> dict[str, float]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[AnalysisReport, dict[str, float]]]:
     base = tmp_path_factory.mktemp("jax")
     out = {}
-    for mode in ("data", "sync"):
+    for mode in ("data", "sync", "hostwork"):
         truth = run_loop(base / mode, mode)
         out[mode] = (analyze_tracker([base / mode]), truth)
     return out
@@ -76,9 +77,13 @@ def test_float_loss_every_step_is_host_sync(runs: dict[str, tuple[AnalysisReport
     assert "float(" in rec.fix
     assert "torch" not in rec.fix
     assert report.ranks[0].kernels.syncs_per_step >= 1.0
-    # the sync's exposed idle is about the host work it leaves exposed (6 ms) per step
-    per_step = report.ranks[0].devices[0].idle_by_cause_s["host_sync"] / len(report.ranks[0].steps)
-    assert 0.004 < per_step < 0.012
+    # the sync fix's after-state, measured: the same loop and host work without the sync. Without it the host's
+    # own work comes earlier by the time it was blocked; it does not vanish (it is the idle beyond)
+    fix = next(r for r in report.recommendations if r.id == "remove_host_sync")
+    after = runs["hostwork"][1]["loop_s"] / runs["hostwork"][1]["steps"]
+    before = runs["sync"][1]["loop_s"] / runs["sync"][1]["steps"]
+    assert fix.gain.step_s_after is not None
+    assert abs(fix.gain.step_s_after - after) <= 0.15 * after, (fix.gain.step_s_after, after, before)
 
 
 def test_two_processes_give_one_job_view_with_the_slow_rank_named(tmp_path: Path) -> None:

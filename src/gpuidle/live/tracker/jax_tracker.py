@@ -14,8 +14,10 @@ the host was doing then:
 - ``data_loading``: the host was in the loader's ``next()``;
 - ``host_sync``: the host was in a sync (``float(loss)``, ``block_until_ready``, printing an
   array: :mod:`.jax_syncs`), or had been blocked in one when the device ran dry, so it could
-  not prepare the next step ahead;
-- ``unattributed``: the rest (Python between steps, dispatch).
+  not prepare the next step ahead: as much of the idle as the host spent blocked since the
+  previous step began (without the sync its own work would have come that much earlier; the
+  idle beyond is that work, which a loop whose host outruns its device cannot hide);
+- ``unattributed``: the rest (Python between steps, dispatch, the host's own work).
 
 The stamp is taken once the watcher holds the GIL again: up to the interpreter's switch
 interval (5 ms) late while the loop runs pure Python; the ``is_ready()`` looks bound it.
@@ -174,6 +176,7 @@ class StepTracker(TrackerBase):
         self._pending: deque[HostStep] = deque()
         self._last = HostStep()
         self._last_done: int | None = None
+        self._last_begin: int | None = None
         self._host_only = 0
         self._off = False
         self._queue: queue.SimpleQueue[HostStep | None] = queue.SimpleQueue()
@@ -334,7 +337,9 @@ class StepTracker(TrackerBase):
         syncs = [*self._last.syncs, *rec.syncs]
         sync = overlap(start, begin, syncs)
         if any(a <= prev_done <= e for a, e in syncs):  # the host was blocked in a sync when the device ran dry
-            sync = begin - start - data
+            # without the syncs the host's own work would have come that much earlier: the idle beyond is that work's
+            blocked = overlap(self._last_begin if self._last_begin is not None else start, begin, syncs)
+            sync = min(begin - start - data, blocked)
         layout = self._rows_layout
         row = [0.0] * layout.width
         row[0], row[1], row[2], row[3] = rec.index, start - self._t0, done - start, data
@@ -348,7 +353,7 @@ class StepTracker(TrackerBase):
         row[tail["sync"]], row[tail["syncs"]] = sync, len(rec.syncs)
         self._rows.append(row)
         rec.leaf = None
-        self._last, self._last_done = rec, done
+        self._last, self._last_done, self._last_begin = rec, done, begin
 
     # -- the end -------------------------------------------------------------------
 
