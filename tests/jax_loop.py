@@ -2,7 +2,8 @@
 
     python tests/jax_loop.py OUT_DIR MODE [STEPS]     # MODE: data, sync, hostwork, light, slow
 Rank and world size come from GPUIDLE_RANK / GPUIDLE_WORLD_SIZE (independent processes writing
-their rank logs to one folder). Prints one JSON line: what the loop did, timed by itself (``loop_s``: the steps alone, without ``close``).
+their rank logs to one folder). Prints one JSON line: what the loop did, timed by itself
+(``loop_s``: the steps alone, without ``close``).
 """
 
 from __future__ import annotations
