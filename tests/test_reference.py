@@ -30,6 +30,8 @@ GPU_TRACES = [
     "trace_compare__base__base.json.gz",
     "trace_compare__test__test.json.gz",
     "trace_file_list__inference_rank_1.json.gz",
+    "h200_dataloader__before.pt.trace.json.gz",
+    "h200_dataloader__after.pt.trace.json.gz",
 ]
 
 
