@@ -5,7 +5,8 @@ Stages, each timed without a profiler (best of ``--repeat``), every one from the
 1. gunzip: inflate the file in 4 MiB blocks, nothing else;
 2. stream: the reader's chunking (``TraceStream``) with a decoder that does nothing;
 3. decode: the same with the reader's typed msgspec decoder;
-4. read: ``kineto.read``: decode + columns (``_Columns.add``) + numpy arrays;
+4. read: ``kineto.read``: decode + columns (``Columns.add``) + numpy arrays (in this process: the
+   split below times the serial read; ``GPUIDLE_READ_WORKERS`` sets the stages' reader);
 5. analyse: ``summarize_rank`` on the timeline read once beforehand;
 6. all: ``api.analyze`` + the JSON renderer, as ``gpuidle analyze --json`` does.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
@@ -53,10 +55,10 @@ def _stages(path: str) -> dict[str, Callable[[], Any]]:
     from gpuidle import api
     from gpuidle.analysis.summary import summarize_rank
     from gpuidle.report.jsonout import JsonRenderer
-    from gpuidle.sources import kineto
+    from gpuidle.sources import kineto, kineto_columns
     from gpuidle.sources.jsonstream import TraceStream
 
-    decode = getattr(kineto, "_decode_chunk", None)
+    decode = kineto_columns.decode_chunk
     timeline = kineto.read(path)
 
     def stream() -> int:
@@ -69,8 +71,7 @@ def _stages(path: str) -> dict[str, Callable[[], Any]]:
         return len(JsonRenderer().render(api.analyze([path])))
 
     stages: dict[str, Callable[[], Any]] = {"gunzip": lambda: _gunzip(path), "stream": stream}
-    if decode is not None:
-        stages["decode"] = decoded
+    stages["decode"] = decoded
     stages["read"] = lambda: kineto.read(path)
     stages["analyse"] = lambda: summarize_rank(timeline)
     stages["all"] = everything
@@ -81,7 +82,7 @@ class _Split:
     """Times spent inside chosen functions during one full analysis (wrappers, not a profiler).
 
     Wraps, where they exist: the reader's gunzip generator (``TraceStream._blocks``), its
-    chunk decoder (``kineto._decode_chunk``), the column builder (``_Columns.add``),
+    chunk decoder (``kineto_columns.decode_chunk``), the column builder (``Columns.add``),
     ``kineto.read`` and ``summarize_rank`` (as the api calls them), and the JSON renderer.
     Private names may change; a missing one is left out of the split.
     """
@@ -89,6 +90,7 @@ class _Split:
     def __init__(self) -> None:
         self.t: dict[str, float] = {}
         self._undo: list[tuple[Any, str, Any]] = []
+        self._workers: str | None = None
 
     def _add(self, key: str, dt: float) -> None:
         self.t[key] = self.t.get(key, 0.0) + dt
@@ -131,19 +133,27 @@ class _Split:
     def __enter__(self) -> _Split:
         from gpuidle import api
         from gpuidle.report import jsonout
-        from gpuidle.sources import jsonstream, kineto
+        from gpuidle.sources import jsonstream, kineto, kineto_columns
 
         self._wrap_gen(jsonstream.TraceStream, "_blocks", "gunzip")
-        self._wrap(kineto, "_decode_chunk", "decode")
-        self._wrap(getattr(kineto, "_Columns", None), "add", "columns")
+        self._wrap(kineto_columns, "decode_chunk", "decode")
+        self._wrap(kineto_columns.Columns, "add", "columns")
         self._wrap(kineto, "read", "read")
         self._wrap(api, "summarize_rank", "analysis")
+        self._workers = os.environ.get(kineto_columns.WORKERS_ENV)
+        os.environ[kineto_columns.WORKERS_ENV] = "1"  # the wrappers time this process's work
         self._wrap(jsonout.JsonRenderer, "render", "render")
         return self
 
     def __exit__(self, *exc: object) -> None:
+        from gpuidle.sources import kineto_columns
+
         for owner, name, fn in reversed(self._undo):
             setattr(owner, name, fn)
+        if self._workers is None:
+            os.environ.pop(kineto_columns.WORKERS_ENV, None)
+        else:
+            os.environ[kineto_columns.WORKERS_ENV] = self._workers
 
 
 def _split(path: str, repeat: int) -> tuple[float, dict[str, float]]:
@@ -164,8 +174,8 @@ def _split(path: str, repeat: int) -> tuple[float, dict[str, float]]:
     parts: dict[str, float] = {}
     read = t.get("read", 0.0)
     for key, label in (("gunzip", "gunzip (TraceStream._blocks)"),
-                       ("decode", "msgspec decode (kineto._decode_chunk)"),
-                       ("columns", "columns (_Columns.add, Python loops)")):
+                       ("decode", "msgspec decode (decode_chunk)"),
+                       ("columns", "columns (Columns.add, Python loops)")):
         if key in t:
             parts[label] = t[key]
     parts["rest of read (chunk cutting, numpy arrays, steps)"] = read - sum(parts.values())

@@ -24,7 +24,7 @@ from conftest import DATA
 from gpuidle import api
 from gpuidle.cli import main
 from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound
-from gpuidle.sources import inputs, jsonstream, kineto, kineto_events
+from gpuidle.sources import inputs, jsonstream, kineto, kineto_columns, kineto_events
 from minitrace import Trace
 from permissions import unprivileged
 
@@ -238,7 +238,8 @@ def reading_work(path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> tup
         return copy
 
     monkeypatch.setattr(jsonstream, "CHUNK", chunk)
-    monkeypatch.setattr(kineto, "_decode_chunk", counting)  # read() decodes through this name
+    monkeypatch.setenv(kineto_columns.WORKERS_ENV, "1")  # in this process, where the counting is
+    monkeypatch.setattr(kineto_columns, "decode_chunk", counting)  # read() decodes through this name
     monkeypatch.setattr(jsonstream, "bytes", copying, raising=False)  # found before the builtin
     try:
         kineto.read(str(path))

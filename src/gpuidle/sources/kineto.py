@@ -16,7 +16,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -28,64 +27,17 @@ from gpuidle.model import (
     DeviceOpKind,
     DeviceOps,
     HostEvents,
-    HostKind,
     Steps,
     Timeline,
     TraceMeta,
 )
-from gpuidle.sources.jsonstream import TraceStream
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
-from gpuidle.sources.kineto_events import (
-    EMPTY_ARGS,
-    I32_MAX,
-    I32_MIN,
-    I64_MAX,
-    Args,
-    Event,
-    fit,
-    fits_int32,
-    int64,
-)
-from gpuidle.sources.kineto_events import decode_chunk as _decode_chunk
+from gpuidle.sources.kineto_columns import MAX_SPAN_US, read_columns
+from gpuidle.sources.kineto_events import I32_MAX
+
+_COLLECTIVE_KERNEL = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.IGNORECASE)
 
 FORMAT = "kineto"
-
-MAX_TS_US = float(1 << 62) / 1000
-"""The latest timestamp read, in µs (year 2116 as Unix time): nanoseconds past it overflow int64."""
-MAX_SPAN_US = 7 * 86400 * 1e6
-"""The longest event, and the longest stretch of time one trace may cover: a week, far past any profile."""
-SKIP_TIME = "ts or dur missing, not a finite number, negative or out of range"
-SKIP_ID = "an id or size (pid, device, stream, correlation, bytes) past its integer range"
-
-
-_DEVICE_CATS = {
-    "kernel": DeviceOpKind.KERNEL,
-    "Kernel": DeviceOpKind.KERNEL,
-    "gpu_memcpy": DeviceOpKind.MEMCPY,
-    "Memcpy": DeviceOpKind.MEMCPY,
-    "gpu_memset": DeviceOpKind.MEMSET,
-    "Memset": DeviceOpKind.MEMSET,
-}
-_HOST_CATS = {
-    "cpu_op": HostKind.OP,
-    "Operator": HostKind.OP,
-    "cuda_runtime": HostKind.RUNTIME,
-    "Runtime": HostKind.RUNTIME,
-    "cuda_driver": HostKind.RUNTIME,
-    "user_annotation": HostKind.ANNOTATION,
-    "python_function": HostKind.PYTHON,
-}
-_FOREIGN_ACCELERATOR = re.compile(r"^(mtia|xpu|hpu|tpu|npu|mps)_", re.IGNORECASE)
-_COLLECTIVE_KERNEL = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.IGNORECASE)
-_STREAM_TID = re.compile(r"stream\s*([0-9]{1,18})(?![0-9])", re.IGNORECASE)
-_DTYPE_BYTES = {
-    "float": 4, "float32": 4, "int": 4, "int32": 4, "half": 2, "float16": 2, "bfloat16": 2,
-    "bf16": 2, "c10::half": 2, "c10::bfloat16": 2, "double": 8, "float64": 8, "long": 8,
-    "int64": 8, "long int": 8, "char": 1, "int8": 1, "byte": 1, "uint8": 1, "bool": 1,
-    "short": 2, "int16": 2, "complexfloat": 8, "complexdouble": 16, "unsigned char": 1, "signed char": 1,
-    "uint8_t": 1, "int8_t": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}
-
 
 def copy_kind(name: str) -> CopyKind:
     """Classify a copy from its Kineto name, e.g. ``Memcpy HtoD (Pageable -> Device)``."""
@@ -102,10 +54,6 @@ def copy_kind(name: str) -> CopyKind:
     return CopyKind.OTHER
 
 
-def dtype_bytes(dtype: str) -> int:
-    return _DTYPE_BYTES.get(dtype.strip().lower(), -1)
-
-
 def is_collective_kernel(name: str) -> bool:
     return bool(_COLLECTIVE_KERNEL.search(name))
 
@@ -115,196 +63,6 @@ def _to_ns(us: npt.NDArray[np.float64]) -> I64:
     whole = np.floor(us)
     ns: I64 = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
     return ns
-
-
-_CODE = {**{c: int(k) for c, k in _DEVICE_CATS.items()}, **{c: 10 + int(k) for c, k in _HOST_CATS.items() if k >= 0}}
-"""Category -> 0..3 device kind, or 10 + host kind; anything else is skipped."""
-
-
-class _Columns:
-    """Columns built chunk by chunk with one comprehension per field, no per-event branching.
-
-    Names and threads are interned through dicts whose insertion order is the id order.
-    """
-
-    def __init__(self) -> None:
-        self.string_ids: dict[str, int] = {}
-        self.thread_ids: dict[tuple[Any, Any], int] = {}
-        self.dev: dict[str, list[np.ndarray]] = {k: [] for k in
-                                                 ("ts", "dur", "device", "stream", "kind", "name", "corr", "bytes")}
-        self.host: dict[str, list[np.ndarray]] = {k: [] for k in ("ts", "dur", "thread", "kind", "name", "corr")}
-        self.coll: dict[str, list[Any]] = {k: [] for k in ("host", "name", "group", "inb", "outb", "size", "dtype")}
-        self.foreign: set[str] = set()
-        self._collective_ids: set[int] = set()
-        self.events = 0
-        self.hosts = 0
-        self.skipped: dict[str, list[Any]] = {}
-        """Reason -> [events skipped, the first one]."""
-
-    @property
-    def strings(self) -> list[str]:
-        return list(self.string_ids)
-
-    @property
-    def threads(self) -> list[tuple[str, str]]:
-        return [(str(p), str(t)) for p, t in self.thread_ids]
-
-    def add(self, events: list[Event]) -> None:
-        self.events += len(events)
-        code = np.array([_CODE.get(e.cat, -1) for e in events], dtype=np.int8)
-        coded = np.flatnonzero(code >= 0)
-        code[coded[np.array([events[i].ph != "X" for i in coded], dtype=bool)]] = -1  # only complete events
-        if not self.dev["ts"]:  # no GPU activity yet: remember categories of other accelerators
-            self.foreign.update(c for c in {e.cat for e in events} if _FOREIGN_ACCELERATOR.match(c))
-        sid = self.string_ids
-        known = len(sid)
-        dev_rows = np.flatnonzero((code >= 0) & (code < 10))
-        if dev_rows.size:
-            evs = [events[i] for i in dev_rows]
-            args = [e.args or EMPTY_ARGS for e in evs]
-            ts, dur = self._times(evs)
-            pid, bad_pid = int64([e.pid if type(e.pid) is int else 0 for e in evs])
-            device, bad_device = int64([a.device for a in args])
-            bad_pid &= device < 0  # the pid names the device only where args do not
-            device = np.where(device >= 0, device, pid)
-            stream, bad_stream = int64([a.stream if type(a.stream) is int and a.stream >= 0 else _stream_of(e)
-                                         for a, e in zip(args, evs, strict=True)])
-            corr, bad_corr = int64([a.correlation for a in args])
-            nbytes, bad_bytes = int64([a.bytes for a in args])
-            bad_id = bad_pid | bad_device | bad_stream | bad_corr | bad_bytes | ~fits_int32(device) \
-                | ~fits_int32(stream)
-            keep = self._keep(evs, ts, dur, bad_id)
-            if keep is not None:
-                evs = [evs[i] for i in keep]
-                ts, dur = ts[keep], dur[keep]
-                device, stream, corr, nbytes = device[keep], stream[keep], corr[keep], nbytes[keep]
-                dev_rows = dev_rows[keep]
-            if evs:  # some may have been skipped
-                d = self.dev
-                d["ts"].append(ts)
-                d["dur"].append(dur)
-                d["device"].append(device)
-                d["stream"].append(stream)
-                d["kind"].append(code[dev_rows])
-                d["name"].append(np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64))
-                d["corr"].append(corr)
-                d["bytes"].append(nbytes)
-        host_rows = np.flatnonzero(code >= 10)
-        if host_rows.size:
-            evs = [events[i] for i in host_rows]
-            ts, dur = self._times(evs)
-            corr, bad_corr = int64([(e.args or EMPTY_ARGS).correlation for e in evs])
-            keep = self._keep(evs, ts, dur, bad_corr)
-            if keep is not None:
-                evs = [evs[i] for i in keep]
-                ts, dur, corr = ts[keep], dur[keep], corr[keep]
-                host_rows = host_rows[keep]
-            if evs:
-                h = self.host
-                h["ts"].append(ts)
-                h["dur"].append(dur)
-                h["thread"].append(self._thread_ids(evs))
-                kind = code[host_rows] - 10
-                h["kind"].append(kind)
-                names = np.array([sid.setdefault(e.name, len(sid)) for e in evs], dtype=np.int64)
-                h["name"].append(names)
-                h["corr"].append(np.where(kind == HostKind.RUNTIME, corr, -1))
-                self._collective_ids.update(known + i for i, n in enumerate(list(sid)[known:])
-                                            if n == "record_param_comms" or n.startswith("nccl:"))
-                if self._collective_ids:
-                    for i in np.flatnonzero(np.isin(names, list(self._collective_ids))):
-                        e = evs[i]
-                        if e.args is not None:
-                            self._collective(self.hosts + int(i), e.name, e.args)
-                self.hosts += len(evs)
-
-    @staticmethod
-    def _times(evs: list[Event]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        return np.array([e.ts for e in evs], dtype=np.float64), np.array([e.dur for e in evs], dtype=np.float64)
-
-    def _keep(self, evs: list[Event], ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64],
-              bad_id: npt.NDArray[np.bool_]) -> I64 | None:
-        """Rows to keep when some events hold values the model cannot (None: keep all); the others are counted."""
-        with np.errstate(invalid="ignore"):
-            bad_time = ~((ts >= 0) & (ts <= MAX_TS_US) & (dur >= 0) & (dur <= MAX_SPAN_US))  # NaN compares False
-        bad = bad_time | bad_id
-        if not bad.any():
-            return None
-        for reason, rows in ((SKIP_TIME, np.flatnonzero(bad_time)), (SKIP_ID, np.flatnonzero(bad_id & ~bad_time))):
-            if rows.size:
-                e = evs[int(rows[0])]
-                self.skipped.setdefault(reason, [0, f"{e.name[:60]!r} ts={e.ts!r} dur={e.dur!r}"])[0] += rows.size
-        return np.flatnonzero(~bad)
-
-    def _thread_ids(self, evs: list[Event]) -> I64:
-        """Thread index per event. Events come in runs of one thread, so with integer pid/tid the
-        interning is per run, not per event."""
-        tids = self.thread_ids
-        pid = np.array([e.pid for e in evs])
-        tid = np.array([e.tid for e in evs])
-        if pid.dtype.kind != "i" or tid.dtype.kind != "i":
-            return np.array([tids.setdefault((e.pid, e.tid), len(tids)) for e in evs], dtype=np.int64)
-        key = pid.astype(np.int64) * (1 << 32) + (tid.astype(np.int64) & 0xFFFFFFFF)
-        starts = np.concatenate(([0], np.flatnonzero(key[1:] != key[:-1]) + 1))
-        ids = np.array([tids.setdefault((evs[i].pid, evs[i].tid), len(tids)) for i in starts], dtype=np.int64)
-        return np.repeat(ids, np.diff(np.append(starts, key.size)))
-
-    def _collective(self, index: int, name: str, a: Args) -> None:
-        size = dtype_bytes(a.dtype) if a.dtype else -1
-        inb = a.in_nelems * size if (a.in_nelems >= 0 and size > 0) else -1
-        outb = a.out_nelems * size if (a.out_nelems >= 0 and size > 0) else -1
-        coll = a.collective or (name[5:] if name.startswith("nccl:") else "")
-        dtype = a.dtype
-        if inb < 0 and bytes(a.input_dims):  # older traces: nccl:<op> with Input Dims/type
-            inb = _bytes_from_dims(bytes(a.input_dims), bytes(a.input_type))
-            dtype = dtype or _first_type(bytes(a.input_type))
-        c = self.coll
-        c["host"].append(index)
-        c["name"].append(coll)
-        c["group"].append(a.group)
-        c["inb"].append(fit(inb))
-        c["outb"].append(fit(outb))
-        c["size"].append(a.group_size if I32_MIN <= a.group_size <= I32_MAX else -1)
-        c["dtype"].append(dtype[:40])
-
-
-def _first_type(types_raw: bytes) -> str:
-    """The first element type of an ``Input type`` list (a collective moves one type)."""
-    try:
-        types = msgspec.json.decode(types_raw) if types_raw else []
-    except (msgspec.DecodeError, RecursionError):
-        return ""
-    if not isinstance(types, list):
-        return ""
-    return next((t for t in types if isinstance(t, str) and dtype_bytes(t) > 0), "")
-
-
-def _stream_of(e: Event) -> int:
-    """Old traces name the stream in the tid (``"stream 7"``) rather than in args."""
-    m = _STREAM_TID.search(str(e.tid))
-    return int(m.group(1)) if m else (e.tid if type(e.tid) is int else 0)
-
-
-def _bytes_from_dims(dims_raw: bytes, types_raw: bytes) -> int:
-    try:
-        dims = msgspec.json.decode(dims_raw)
-        types = msgspec.json.decode(types_raw) if types_raw else []
-    except (msgspec.DecodeError, RecursionError):
-        return -1
-    if not isinstance(dims, list) or not isinstance(types, list):
-        return -1
-    total = 0
-    for shape, dtype in zip(dims, types, strict=False):
-        if not isinstance(shape, list) or not shape or not isinstance(dtype, str):
-            continue
-        size = dtype_bytes(dtype)
-        if size < 0 or not all(isinstance(d, int) and 0 <= d <= I64_MAX for d in shape):
-            continue
-        n = 1
-        for d in shape:
-            n *= d
-        total += n * size
-    return fit(total) if total > 0 else -1
 
 
 _STEP = re.compile(r"^ProfilerStep#([0-9]{1,18})$")
@@ -318,11 +76,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     :raises NotATrace: JSON that is not a Chrome trace, or a trace of a non-GPU accelerator.
     :raises NoGpuActivity: a trace with no kernels, copies or sets.
     """
-    cols = _Columns()
-    stream = TraceStream(path, _decode_chunk, progress)
-    for chunk in stream:
-        cols.add(chunk)
-    header = stream.header
+    cols, header = read_columns(path, progress)
     skipped = [f"{n} events skipped: {reason} (first: {first})" for reason, (n, first) in cols.skipped.items()]
     if not cols.dev["ts"]:
         if cols.foreign:

@@ -7,6 +7,8 @@ integers are kept unbounded there, and :func:`int64` tells which ones the model 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -116,6 +118,20 @@ def int64(values: list[int]) -> tuple[I64, npt.NDArray[np.bool_]]:
     except OverflowError:
         bad = np.array([not I64_MIN <= v <= I64_MAX for v in values], dtype=bool)
         return np.array([-1 if b else v for v, b in zip(values, bad, strict=True)], dtype=np.int64), bad
+
+
+def int64_field(items: Sequence[Any], field: str) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """A field typed ``int`` (never a string) of every item, as :func:`int64` gives it: in one C loop
+    unless a value overflows int64."""
+    try:
+        return np.fromiter(map(attrgetter(field), items), np.int64, len(items)), np.zeros(len(items), dtype=bool)
+    except OverflowError:
+        return int64([getattr(x, field) for x in items])
+
+
+def float_field(items: Sequence[Any], field: str) -> npt.NDArray[np.float64]:
+    """A field typed ``float`` of every item, in one C loop."""
+    return np.fromiter(map(attrgetter(field), items), np.float64, len(items))
 
 
 def fits_int32(values: I64) -> npt.NDArray[np.bool_]:

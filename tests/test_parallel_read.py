@@ -1,0 +1,96 @@
+"""A big trace read on every core gives exactly the timeline a read in this process gives.
+
+``GPUIDLE_READ_WORKERS`` forces the pool on small traces, and a small chunk size makes many chunks,
+each with its own name and thread tables for the merge to re-intern.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import DATA
+from gpuidle.errors import CorruptInput, GpuidleError
+from gpuidle.model import Timeline
+from gpuidle.sources import jsonstream, kineto, kineto_columns
+
+TRACES = [
+    "nccl_parser_config__nccl_data.json.gz",
+    "negative_queue_length_values_check__rank0.json.gz",
+    "trace_file_list__inference_rank_1.json.gz",
+    "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+    "h200_dataloader__before.pt.trace.json.gz",
+]
+
+
+def _columns(tl: Timeline) -> dict[str, Any]:
+    out: dict[str, Any] = {"strings": tl.strings, "threads": tl.threads, "notes": tl.meta.notes,
+                           "t0": tl.meta.t0_ns, "steps": (tl.steps.number.tolist(), tl.steps.start.tolist())}
+    for group in ("device_ops", "host", "collectives"):
+        cols = getattr(tl, group)
+        for name in getattr(cols, "__slots__", ()) or vars(cols):
+            value = getattr(cols, name)
+            out[f"{group}.{name}"] = value.tolist() if isinstance(value, np.ndarray) else value
+    return out
+
+
+def _read(path: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setenv(kineto_columns.WORKERS_ENV, str(workers))
+    return _columns(kineto.read(str(path)))
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_every_core_reads_what_one_process_reads(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)  # many chunks: the merge re-interns each one's names
+    serial = _read(DATA / name, 1, monkeypatch)
+    parallel = _read(DATA / name, 2, monkeypatch)
+    assert parallel.keys() == serial.keys()
+    for key, value in serial.items():
+        assert parallel[key] == value, key
+
+
+@pytest.mark.parametrize("damage", ["truncated gzip", "bad byte in the middle", "not closed"])
+def test_damage_reads_the_same_error_on_every_core(tmp_path: Path, damage: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    text = gzip.decompress((DATA / "nccl_parser_config__nccl_data.json.gz").read_bytes())
+    path = tmp_path / "damaged.json.gz"
+    if damage == "truncated gzip":
+        whole = gzip.compress(text)
+        path.write_bytes(whole[: len(whole) // 2])
+    elif damage == "bad byte in the middle":
+        at = text.index(b'"ts"', len(text) // 2)
+        path.write_bytes(gzip.compress(text[:at] + b"\x00" + text[at + 1:]))
+    else:
+        path.write_bytes(gzip.compress(text[: text.rindex(b"]")]))
+    monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)
+    errors = []
+    for workers in (1, 2):
+        monkeypatch.setenv(kineto_columns.WORKERS_ENV, str(workers))
+        with pytest.raises(CorruptInput) as err:
+            kineto.read(str(path))
+        errors.append(str(err.value))
+    assert errors[0] == errors[1]
+
+
+def test_who_reads_on_every_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    small = DATA / "nccl_parser_config__nccl_data.json.gz"
+    monkeypatch.delenv(kineto_columns.WORKERS_ENV, raising=False)
+    assert kineto_columns.read_workers(str(small)) == 1  # small: this process
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:  # sparse: the size alone decides
+        f.truncate(kineto_columns.PARALLEL_FROM)
+    monkeypatch.setattr(kineto_columns.os, "sched_getaffinity", lambda _: {0, 1, 2}, raising=False)
+    assert kineto_columns.read_workers(str(big)) == 3
+    monkeypatch.setenv(kineto_columns.WORKERS_ENV, "4")
+    assert kineto_columns.read_workers(str(small)) == 4
+    monkeypatch.setenv(kineto_columns.WORKERS_ENV, "many")
+    with pytest.raises(GpuidleError, match="not a number of processes"):
+        kineto_columns.read_workers(str(small))
+    monkeypatch.setenv(kineto_columns.WORKERS_ENV, "4")
+    monkeypatch.setattr(kineto_columns.multiprocessing, "parent_process", lambda: object())
+    assert kineto_columns.read_workers(str(big)) == 1  # a worker itself (a job's rank, a Dask task): never
+    assert kineto_columns.read_workers(str(small)) == 1
