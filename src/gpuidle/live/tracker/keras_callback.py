@@ -222,6 +222,7 @@ class GpuidleCallback(keras.callbacks.Callback, TrackerBase):
 
     @property
     def steps_done(self) -> int:
+        """Train calls ended, with those kept until the next read of the ring makes them steps."""
         return self._step + len(self._calls)
 
     def dataset(self, ds: Any) -> Any:
