@@ -2,7 +2,9 @@
 
     python tests/jax_loop.py OUT_DIR MODE [STEPS]     # MODE: data, sync, hostwork, light, slow
 Rank and world size come from GPUIDLE_RANK / GPUIDLE_WORLD_SIZE (independent processes writing
-their rank logs to one folder). Prints one JSON line: what the loop did, timed by itself
+their rank logs to one folder); with GPUIDLE_JAX_COORDINATOR=HOST:PORT the processes are connected by
+``jax.distributed`` (CPU collectives over gloo) and the tracker exchanges its steps through JAX.
+Prints one JSON line: what the loop did, timed by itself
 (``loop_s``: the steps alone, without ``close``).
 """
 
@@ -45,6 +47,10 @@ def main() -> None:
     out, mode = sys.argv[1], sys.argv[2]
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 60
     rank, world = int(os.environ.get("GPUIDLE_RANK", "0")), int(os.environ.get("GPUIDLE_WORLD_SIZE", "1"))
+    coordinator = os.environ.get("GPUIDLE_JAX_COORDINATOR")
+    if coordinator:  # processes JAX connects: the tracker takes rank and world from JAX and exchanges through it
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator, num_processes=world, process_id=rank)
     # the sync modes' steps are longer on the device than the host work the loop does between them
     w, x = jnp.full((256, 256), 0.01), jnp.ones((1024 if mode in ("sync", "hostwork") else 128, 256))
     w, loss = train_step(w, x)
@@ -55,7 +61,8 @@ def main() -> None:
         w, loss = train_step(w, x)
         loss.block_until_ready()
     compute_s = (time.perf_counter() - t0) / 20
-    tracker = StepTracker(out, rank=rank, world_size=world, every=20, ledger=False, log=lambda line: None)
+    tracker = StepTracker(out, every=20, ledger=False, log=lambda line: None) if coordinator else \
+        StepTracker(out, rank=rank, world_size=world, every=20, ledger=False, log=lambda line: None)
     t0 = time.perf_counter()
     delay = {"data": DATA_DELAY_S, "light": LIGHT_DELAY_S, "slow": SLOW_DELAY_S}.get(mode, 0.0)
     for batch in tracker.loader(batches(steps, delay, x)):

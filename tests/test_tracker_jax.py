@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +17,13 @@ jax = pytest.importorskip("jax")
 from gpuidle.api import analyze_tracker  # noqa: E402
 from gpuidle.errors import GpuidleError  # noqa: E402
 from gpuidle.live.tracker.jax_tracker import StepTracker, overlap  # noqa: E402
-from gpuidle.model import AnalysisReport  # noqa: E402
+from gpuidle.model import TRACKER_SUMMARY, AnalysisReport  # noqa: E402
+from gpuidle.sources.tracker import read_summary  # noqa: E402
 
 LOOP = Path(__file__).with_name("jax_loop.py")
 SRC = str(Path(__file__).resolve().parent.parent / "src")
+HANG_GUARD_S = 300
+"""Not a performance bound: only so that a rendezvous that never completes fails the test."""
 
 
 def run_loop(out: Path, mode: str, rank: int = 0, world: int = 1, steps: int = 60) -> dict[str, float]:
@@ -106,6 +110,31 @@ def test_two_processes_give_one_job_view_with_the_slow_rank_named(tmp_path: Path
     fixes = " ".join(r.fix for r in report.recommendations)
     assert "torch" not in fixes
     assert "num_workers" not in fixes
+
+
+def test_processes_jax_connects_exchange_their_steps(tmp_path: Path) -> None:
+    """``jax.distributed`` on the CPU: rank and world from JAX, steps exchanged with its host all-gather, and
+    rank 0's own summary (not a merge of the folder) is the job view with the slow rank named."""
+    out = tmp_path / "job"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, mode in ((0, "light"), (1, "slow")):
+        env = {**os.environ, "PYTHONPATH": SRC, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": "2",
+               "GPUIDLE_JAX_COORDINATOR": f"127.0.0.1:{port}", "JAX_PLATFORMS": "cpu"}
+        procs.append(subprocess.Popen([sys.executable, str(LOOP), str(out), mode, "40"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=HANG_GUARD_S)
+        assert p.returncode == 0, err[-3000:]
+    summary = read_summary(out / TRACKER_SUMMARY)
+    assert summary.job is not None
+    assert summary.job.ranks_found == [0, 1]
+    (straggler,) = summary.job.stragglers
+    assert straggler.rank == 1
+    assert straggler.cause == "data_loading"
+    assert sorted(r.rank for r in summary.ranks) == [0, 1]
 
 
 def test_overlap_of_a_gap_with_the_loops_spans() -> None:
