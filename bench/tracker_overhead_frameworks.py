@@ -3,6 +3,7 @@
     python bench/tracker_overhead_frameworks.py                     # JAX, then Keras
     python bench/tracker_overhead_frameworks.py --only jax --rounds 20 --block 30
     python bench/tracker_overhead_frameworks.py --only jax --dim 4096               # on a GPU
+    python bench/tracker_overhead_frameworks.py --only keras --dim 8192 --block 60  # steps of ~10 ms
 
 Arms: A and A' (plain, identical: their difference is the noise floor) and B (tracked), run in
 blocks of ``--block`` steps rotating A A' B, B A' A, … in one process on the same model and
@@ -98,7 +99,7 @@ def jax_arms(block: int, out: str, dim: int) -> dict[str, Callable[[], float]]:
     return {"A": plain, "A'": plain, "B": tracked}
 
 
-def keras_arms(block: int, out: str) -> tuple[dict[str, Callable[[], float]], dict[str, list[float]]]:
+def keras_arms(block: int, out: str, dim: int) -> tuple[dict[str, Callable[[], float]], dict[str, list[float]]]:
     """The arms (each returns its per-step time between the first and last train call) and their whole-fit times."""
     import keras
     import numpy as np
@@ -116,7 +117,7 @@ def keras_arms(block: int, out: str) -> tuple[dict[str, Callable[[], float]], di
 
     xs = np.random.default_rng(0).random((128 * block, 64), dtype=np.float32)
     ds = tf.data.Dataset.from_tensor_slices((xs, xs[:, :1])).batch(128).cache()
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(512, activation="relu"), keras.layers.Dense(1)])
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(dim, activation="relu"), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     model.fit(ds, epochs=1, verbose=0)
     fits: dict[str, list[float]] = {"A": [], "A'": [], "B": []}
@@ -141,13 +142,14 @@ def main() -> None:
     p.add_argument("--only", choices=["jax", "keras"])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--block", type=int, default=40)
-    p.add_argument("--dim", type=int, default=512, help="JAX: the model's width (4096 gives ms-long steps on a GPU)")
+    p.add_argument("--dim", type=int, default=512,
+                   help="the model's width (JAX: 4096 gives ms-long steps on a GPU; Keras: 8192, ~10 ms CPU steps)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as out:
         if args.only in (None, "jax"):
             report("jax", ab(jax_arms(args.block, os.path.join(out, "jax"), args.dim), args.rounds))
         if args.only in (None, "keras"):
-            arms, fits = keras_arms(args.block, os.path.join(out, "keras"))
+            arms, fits = keras_arms(args.block, os.path.join(out, "keras"), args.dim)
             report("keras per step", ab(arms, args.rounds))
             report("keras whole fit", fits)
 

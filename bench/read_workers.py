@@ -1,0 +1,94 @@
+"""A big trace read in one process against every core, beside GNU ``gzip -dc`` of the same file.
+
+A real trace is scaled to about ``--target-mib`` MiB of JSON (``scale_trace.py``), or ``--trace`` is
+used as it is. In each round, side by side: ``gzip -dc FILE > /dev/null``; ``gpuidle analyze FILE
+--json`` in a fresh process with ``GPUIDLE_READ_WORKERS=1`` (the reader in that process) and with the
+default (chunks decoded by one worker process per core). Printed: the best wall time of each (the
+whole process), its ratio to ``gzip -dc``, and the peak RSS of the process tree against the JSON's size.
+
+    python bench/read_workers.py                           # 256 MiB
+    python bench/read_workers.py --target-mib 1024 --repeat 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from benchlib import DEFAULT_SOURCE, MIB, Run, machine, run_child
+from scale_trace import copy_bytes, load, scale_trace
+
+WORKERS_ENV = "GPUIDLE_READ_WORKERS"
+
+
+def _trace(args: argparse.Namespace) -> Path:
+    if args.trace is not None:
+        return Path(args.trace)
+    path = args.workdir / f"workers_{args.target_mib:g}mib.json.gz"
+    if not path.exists():
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        source = load(args.source)
+        scale_trace(args.source, path, args.target_mib * MIB / copy_bytes(args.source, source=source),
+                    source=source)
+    return path
+
+
+def _json_bytes(path: Path) -> int:
+    with gzip.open(path, "rb") as f:
+        return sum(len(b) for b in iter(lambda: f.read(16 << 20), b""))
+
+
+def _gzip_dc(path: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(["gzip", "-dc", str(path)], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def _gpuidle(path: Path, workers: str | None) -> Run:
+    saved = os.environ.pop(WORKERS_ENV, None)
+    if workers is not None:
+        os.environ[WORKERS_ENV] = workers
+    try:
+        return run_child("gpuidle", [str(path)])
+    finally:
+        os.environ.pop(WORKERS_ENV, None)
+        if saved is not None:
+            os.environ[WORKERS_ENV] = saved
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="the real trace to scale")
+    p.add_argument("--target-mib", type=float, default=256, help="MiB of JSON of the scaled trace")
+    p.add_argument("--trace", help="a trace to read as it is (no scaling)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/gpuidle-bench"))
+    args = p.parse_args()
+    path = _trace(args)
+    size = _json_bytes(path)
+    print(f"{machine()}\n{path.name}: {path.stat().st_size / MIB:.1f} MiB gzip, {size / MIB:.0f} MiB JSON, "
+          f"{os.cpu_count()} cores")
+    best: dict[str, float] = {}
+    peak: dict[str, int] = {}
+    for _ in range(args.repeat):
+        best["gzip -dc"] = min(best.get("gzip -dc", 1e9), _gzip_dc(path))
+        for name, workers in (("gpuidle, one process", "1"), ("gpuidle, every core", None)):
+            run = _gpuidle(path, workers)
+            if not run.ok:
+                print(f"{name}: {run.error}")
+                return 1
+            best[name] = min(best.get(name, 1e9), run.wall_s)
+            peak[name] = max(peak.get(name, 0), run.tree_peak_rss)
+    floor = best["gzip -dc"]
+    for name, wall in best.items():
+        rss = f"   peak RSS {peak[name] / MIB:,.0f} MiB = {peak[name] / size:.2f}x the JSON" if name in peak else ""
+        print(f"{name:<22} {wall:6.2f} s   {wall / floor:5.2f}x gzip -dc{rss}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
