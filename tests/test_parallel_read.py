@@ -7,6 +7,7 @@ each with its own name and thread tables for the merge to re-intern.
 from __future__ import annotations
 
 import gzip
+import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,6 @@ def test_who_reads_on_every_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(GpuidleError, match="not a number of processes"):
         kineto_columns.read_workers(str(small))
     monkeypatch.setenv(kineto_columns.WORKERS_ENV, "4")
-    monkeypatch.setattr(kineto_columns.multiprocessing, "parent_process", lambda: object())
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
     assert kineto_columns.read_workers(str(big)) == 1  # a worker itself (a job's rank, a Dask task): never
     assert kineto_columns.read_workers(str(small)) == 1

@@ -11,16 +11,14 @@ gives. No per-event object crosses a process: only the chunk's text out and its 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
 from itertools import repeat
 from operator import attrgetter, ne
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -44,6 +42,9 @@ from gpuidle.sources.kineto_events import (
     int64,
     int64_field,
 )
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 MAX_TS_US = float(1 << 62) / 1000
 """The latest timestamp read, in µs (year 2116 as Unix time): nanoseconds past it overflow int64."""
@@ -328,25 +329,31 @@ _SYNTAX = msgspec.json.Decoder(list[msgspec.Raw])
 def read_workers(path: str) -> int:
     """Processes to decode ``path`` with: every core for a big trace on Linux; 1 (this process) for a small
     one, a remote one of unknown size, elsewhere than Linux, or when this is itself a worker (a rank of a
-    job, a Dask task)."""
-    if multiprocessing.parent_process() is not None or sys.platform != "linux":  # fork is safe on Linux only
-        return 1  # and a worker forking workers of its own could deadlock on a lock its threads held
+    job, a Dask task). The process pool's modules load only when a pool is used."""
+    if sys.platform != "linux":  # workers are forked: safe on Linux only
+        return 1
     given = os.environ.get(WORKERS_ENV, "").strip()
     if given:
         try:
-            return max(1, int(given))
+            workers = max(1, int(given))
         except ValueError:
             raise GpuidleError(f"{WORKERS_ENV}={given!r} is not a number of processes",
                                "unset it, or give a whole number (1: read in this process)") from None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores < 2:
-        return 1
-    try:
-        n = size(path)
-    except OSError:
-        return 1
-    compressed = str(path).endswith((".gz", ".gzip")) or (not is_url(path) and _is_gzip(path))
-    return cores if n * (GZIP_RATIO if compressed else 1) >= PARALLEL_FROM else 1
+    else:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        try:
+            n = size(path)
+        except OSError:
+            return 1
+        compressed = str(path).endswith((".gz", ".gzip")) or (not is_url(path) and _is_gzip(path))
+        if n * (GZIP_RATIO if compressed else 1) < PARALLEL_FROM:
+            return 1
+    if workers > 1:
+        import multiprocessing
+
+        if multiprocessing.parent_process() is not None:  # a worker forking workers of its own could deadlock
+            return 1
+    return workers
 
 
 def _is_gzip(path: str) -> bool:
@@ -384,6 +391,9 @@ def read_columns(path: str, progress: Callable[[int, int], None] | None = None) 
 
 def _in_order(texts: Iterator[bytes] | TraceStream[bytes], workers: int, path: str) -> Iterator[Columns]:
     """The chunks' columns from a pool of ``workers`` processes, two chunks in flight per worker."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     # fork: the workers start at once with this module loaded, and need no ``if __name__ == "__main__"``
     # guard in the caller's script (spawn and forkserver import the caller's main module again)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
