@@ -96,6 +96,11 @@ def test_periodic_drops_with_steps() -> None:
     busy = (85 * 90 + 15 * 2) / 100
     assert stall.gain.utilization_after == pytest.approx(busy / (100 - 15))
     assert stall.gain.step_s_saved == pytest.approx(15 / 200)
+    # counters see no step: a bound, not a measured point; the terminal says so
+    g = stall.gain
+    assert (g.basis, g.step_s_saved_low, g.step_s_saved_high) == ("modelled", 0.0, g.step_s_saved)
+    assert g.assumption is not None and "at most" in g.assumption
+    assert g.utilization_before == pytest.approx(busy / 100)
 
 
 def test_irregular_drops_are_not_periodic() -> None:
@@ -239,6 +244,8 @@ def test_report_json_and_terminal() -> None:
     term = UtilTerminalRenderer().render(report, RenderOptions(top=2))
     assert "periodic: device 0 drops below 10 % every 20.0 s for ~3.0 s (5 times) (every ~40 steps)" in term
     assert "utilization.gpu is the share of time" in term
+    stall = next(r for r in report.recommendations if r.id == "periodic_stall")
+    assert f"saves up to {stall.gain.step_s_saved * 1e3:.1f}" in term.replace(",", "")
 
 
 # ----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 The counterpart of :mod:`gpuidle.advice.rules` for ``gpuidle run``/``monitor``/``summarize``.
 Counters cannot see inside a step, so gains here are upper bounds from the idle time a
-finding accounts for, and the confidence says so. ``step_s_saved`` needs the step rate
+finding accounts for: each is a modelled range from nothing to that bound, its assumption named
+(:func:`up_to`), and the confidence says so. ``step_s_saved`` needs the step rate
 (``--steps-per-s``); without it it is 0 and the evidence says why.
 """
 
@@ -18,6 +19,18 @@ from gpuidle.model import Cause, Gain, Recommendation, UtilFinding, UtilizationR
 COMPUTE = "compute"
 SPARE_MEMORY = "spare_memory"
 """The kind of the larger-batch advice: unused device memory is no idle cause (not launch overhead)."""
+
+
+UP_TO_IDLE = ("device counters see no step: at most the idle this finding accounts for goes, none of it if that "
+              "idle has another cause")
+NOT_ESTIMABLE = "device counters cannot tell what this fix saves"
+
+
+def up_to(step_s_saved: float, utilization_before: float, utilization_after: float, assumption: str) -> Gain:
+    """A counter-based gain: from nothing to ``step_s_saved`` and ``utilization_after`` (the nominal is the
+    bound), modelled."""
+    return Gain(step_s_saved=step_s_saved, utilization_before=utilization_before, utilization_after=utilization_after,
+                step_s_saved_low=0.0, step_s_saved_high=step_s_saved, basis="modelled", assumption=assumption)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +56,7 @@ class UtilRuleInput:
         after = calc.utilization_after(self.mean_util * w, w, min(idle_removed_s, w * (1 - self.mean_util))) \
             if w > 0 else self.mean_util
         steps = w * self.steps_per_s if self.steps_per_s else 0.0
-        return Gain(step_s_saved=idle_removed_s / steps if steps else 0.0, utilization_after=after)
+        return up_to(idle_removed_s / steps if steps else 0.0, self.mean_util, after, UP_TO_IDLE)
 
     def rec(self, f: UtilFinding, *, id: str, cause: str, title: str, fix: str, confidence: str) -> Recommendation:
         """A recommendation from one finding: its evidence, and the gain of removing its idle time."""
@@ -173,7 +186,7 @@ def larger_batch(x: UtilRuleInput) -> list[Recommendation]:
                 f" warmup;\n"
                 f"                     # sqrt({k}) for Adam-type optimizers\n"
                 f"# or keep the effective batch and the lr: per-GPU batch x{k}, gradient accumulation steps /{k}",
-            gain=Gain(step_s_saved=saved / steps if steps else 0.0, utilization_after=after), confidence="low",
+            gain=up_to(saved / steps if steps else 0.0, u, after, str(ev["assumption"])), confidence="low",
         ))
     return out
 
@@ -193,7 +206,7 @@ def throttling(x: UtilRuleInput) -> list[Recommendation]:
         fix="nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE -i <device>   # which limit, how often\n"
             "# thermal: airflow, fan curves, neighbours; power cap: the board limit (nvidia-smi -pl, as admin);\n"
             "# a GPU much hotter than its peers in the same node needs servicing",
-        gain=Gain(step_s_saved=0.0, utilization_after=x.mean_util), confidence="low",
+        gain=up_to(0.0, x.mean_util, x.mean_util, NOT_ESTIMABLE), confidence="low",
     )]
 
 
@@ -204,7 +217,7 @@ def fill_the_sms(x: UtilRuleInput) -> list[Recommendation]:
         evidence=x.evidence(f),
         fix="model = torch.compile(model)            # fuses small kernels\n"
             "# larger per-GPU batch (see memory headroom); check kernel sizes: gpuidle analyze on a profiler trace",
-        gain=Gain(step_s_saved=0.0, utilization_after=x.mean_util), confidence="low",
+        gain=up_to(0.0, x.mean_util, x.mean_util, NOT_ESTIMABLE), confidence="low",
     ) for f in x.find("sm_underused")]
 
 
@@ -220,7 +233,7 @@ def explain_low_utilization(x: UtilRuleInput) -> list[Recommendation]:
         fix="gpuidle run -- python train.py ...     # GPU and CPU together: input-bound or waiting?\n"
             "# then a profiler trace: every idle ms gets a cause\n"
             "gpuidle analyze run/traces/",
-        gain=Gain(step_s_saved=0.0, utilization_after=x.mean_util), confidence="low",
+        gain=up_to(0.0, x.mean_util, x.mean_util, NOT_ESTIMABLE), confidence="low",
     ) for f in x.find("low_utilization")]
 
 

@@ -176,8 +176,11 @@ class UtilTerminalRenderer:
             console.print(Text("Top fixes" if recs else "No fix stands out from the counters.",
                                style="bold underline"))
         for i, rec in enumerate(recs, 1):
-            gain = Text(f"   → utilization {pct(rec.gain.utilization_after or 0.0)}"
-                        + (f", saves {ms(rec.gain.step_s_saved)}/step" if rec.gain.step_s_saved else "")
+            g = rec.gain
+            bound = "up to " if g.basis == "modelled" and (g.utilization_after or 0.0) > (g.utilization_before or 1.0) \
+                else ""
+            gain = Text(f"   → utilization {bound}{pct(g.utilization_after or 0.0)}"
+                        + (f", saves {bound}{ms(g.step_s_saved)}/step" if g.step_s_saved else "")
                         + f"  [{rec.confidence} confidence · {rec.cause}]", style="green")
             fix = Text("\n".join("     " + line for line in rec.fix.splitlines()), style="cyan")
             console.print(Group(Text(f"{i}. {rec.title}", style="bold"), gain, fix))
