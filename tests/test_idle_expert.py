@@ -167,6 +167,25 @@ def test_int8_all_to_all_is_not_credited_to_a_ddp_hook(tmp_path: Path) -> None:
     assert len(gains) == len({round(g, 9) for g in gains})    # no figure repeated across alternatives
 
 
+def test_overlapping_collectives_charge_the_one_that_started_first(tmp_path: Path) -> None:
+    """An int8 all-to-all from 400 µs and an fp32 all-reduce on another stream from 500 µs: where both run,
+    the all-reduce waits behind the all-to-all, which gets the time (not the first name in sort order)."""
+    t = Trace(rank=0, world=2)
+    for n in range(4):
+        base = n * 1000
+        t.step(n + 1, base, 1000)
+        t.launch(at=base, call_dur=10, start=base + 10, dur=390)        # compute [10, 400)
+        for at, coll, dtype, nelems, start, stream, kernel in (
+                (base + 20, "all_to_all", "Byte", 64 << 20, 400, 21, ALLTOALL_I8),
+                (base + 40, "allreduce", "Float", 1 << 20, 500, 20, ALLREDUCE_F32)):
+            t.op("record_param_comms", at, 10, **{
+                "Collective name": coll, "Process Group Name": "0", "In msg nelems": nelems,
+                "Out msg nelems": nelems, "dtype": dtype, "Group size": 2})
+            t.launch(at=at + 5, call_dur=3, start=base + start, dur=300, stream=stream, name=kernel)
+    split = run(t, tmp_path).ranks[0].steps[1].exposed_comm_s
+    assert split == {"all_to_all:uint8": pytest.approx(300 * US), "all_reduce:float32": pytest.approx(100 * US)}
+
+
 def test_volta_kernels_mean_tensor_cores_without_device_properties(tmp_path: Path) -> None:
     t = Trace()
     for n in range(3):

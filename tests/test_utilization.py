@@ -99,7 +99,8 @@ def test_periodic_drops_with_steps() -> None:
     # counters see no step: a bound, not a measured point; the terminal says so
     g = stall.gain
     assert (g.basis, g.step_s_saved_low, g.step_s_saved_high) == ("modelled", 0.0, g.step_s_saved)
-    assert g.assumption is not None and "at most" in g.assumption
+    assert g.assumption is not None
+    assert "at most" in g.assumption
     assert g.utilization_before == pytest.approx(busy / 100)
 
 
