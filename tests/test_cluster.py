@@ -23,6 +23,7 @@ import pytest
 
 from conftest import DATA
 from gpuidle import api
+from gpuidle.cli import main
 from gpuidle.errors import GpuidleError
 from gpuidle.jobs.cluster import DaskCluster
 from gpuidle.jobs.executors import LocalPool
@@ -65,6 +66,33 @@ def test_cluster_report_equals_local(cluster: Any, job: Path) -> None:
     remote = api.analyze([job], scheduler=cluster.scheduler_address)
     assert remote.to_json() == local.to_json()
     assert [r.rank for r in remote.ranks] == [0, 1]
+
+
+def test_html_and_annotate_read_no_rank_again_on_the_client(cluster: Any, job: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's timeline (the HTML page, the annotated trace) comes from the results the cluster returned:
+    the client analyses no rank again, and reads only the trace of the rank it draws."""
+    local = api.analyze_jobs([job]).results[0]
+    expected = api.timeline_for(local.report)  # without the results: every rank analysed again, here
+    analysed: list[str] = []
+
+    def local_run(pool: LocalPool, files: Any, progress: Any = None) -> Any:
+        analysed.extend(files)
+        raise AssertionError("a rank analysed again on the client")
+
+    monkeypatch.setattr(LocalPool, "run", local_run)
+    out = tmp_path / "page.html"
+    code = main(["analyze", str(job), "--scheduler", cluster.scheduler_address, "--html", str(out),
+                 "--annotate", str(tmp_path / "annotated.json.gz"), "--no-ledger", "--no-progress",
+                 "--out", str(tmp_path / "report.json")])
+    assert code == 0
+    assert analysed == []
+    assert "rank 1 of 2" in out.read_text() or "rank 0 of 2" in out.read_text()
+    remote = api.analyze_jobs([job], scheduler=cluster.scheduler_address).results[0]
+    got = api.timeline_for(remote.report, analyses=remote.analyses)
+    assert (got.rank, got.note) == (expected.rank, expected.note)
+    assert [d.seg_cause.tolist() for d in got.devices] == [d.seg_cause.tolist() for d in expected.devices]
+    assert [d.seg_start.tolist() for d in got.devices] == [d.seg_start.tolist() for d in expected.devices]
 
 
 def test_fleet_on_the_cluster_equals_local(cluster: Any, tmp_path: Path) -> None:

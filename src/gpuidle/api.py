@@ -24,6 +24,7 @@ from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.ranks import match_collectives, waiting_intervals
 from gpuidle.analysis.steps import step_window
+from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.errors import GpuidleError, InputNotFound
 from gpuidle.jobs.executors import LocalPool, Progress, executor_for
 from gpuidle.jobs.merge import merge_job
@@ -105,11 +106,19 @@ def analyze(
     if planned.fleet:
         raise GpuidleError(f"{paths[0]} is a folder of jobs ({len(planned.jobs)} found), not one job's traces",
                            "analyse it with analyze_jobs (on the command line, gpuidle analyze takes both)")
-    (job,) = planned.jobs
-    if job.tracker:
-        return analyze_tracker(paths, warn, include_warmup)
-    return notebook.public(merge_job(paths, executor_for(scheduler, workers).run(job.files, progress), warn,
-                                     include_warmup))
+    return _one_job(paths, planned.jobs[0].files, planned.jobs[0].tracker, workers, progress, warn, include_warmup,
+                    scheduler)[0]
+
+
+def _one_job(paths: list[str], files: Sequence[str], tracked: bool, workers: int | None, progress: Progress | None,
+             warn: Callable[[str], None] | None, include_warmup: bool,
+             scheduler: str | None) -> tuple[notebook.AnalysisReport, tuple[RankAnalysis, ...]]:
+    """One job's report and the per-rank results it was merged from."""
+    if tracked:
+        return analyze_tracker(paths, warn, include_warmup), ()
+    outcomes = executor_for(scheduler, workers).run(files, progress)
+    report = notebook.public(merge_job(paths, outcomes, warn, include_warmup))
+    return report, tuple(o.analysis for o in outcomes if o.analysis is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +129,9 @@ class JobResult:
     path: str
     report: AnalysisReport | None
     error: str | None = None
+    analyses: tuple[RankAnalysis, ...] = ()
+    """The per-rank results the report was merged from: what the job's timeline needs (:func:`timeline_for`),
+    so no trace is analysed again, on the client or anywhere."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +158,9 @@ def analyze_jobs(
     paths = as_inputs(paths)
     planned = plan_inputs(paths)
     if not planned.fleet:
-        return Jobs(False, [JobResult(planned.jobs[0].name, str(paths[0]),
-                                      analyze(paths, workers, progress, warn, include_warmup, scheduler))])
+        job = planned.jobs[0]
+        report, analyses = _one_job(paths, job.files, job.tracker, workers, progress, warn, include_warmup, scheduler)
+        return Jobs(False, [JobResult(job.name, str(paths[0]), report, analyses=analyses)])
     files = [f for job in planned.jobs for f in job.files]
     by_file: dict[str, list[RankOutcome]] = {}
     for o in executor_for(scheduler, workers).run(files, progress) if files else []:
@@ -305,19 +318,26 @@ def _rank_timeline(path: str, rank: int | None) -> Timeline:
     raise GpuidleError(f"{path}: no rank {rank} in this trace")
 
 
-def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS) -> IdleTimeline:
-    """The timeline of the report's trace; for a job, of its lowest-utilization rank (the note says so)."""
+def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS,
+                 analyses: Sequence[RankAnalysis] = ()) -> IdleTimeline:
+    """The timeline of the report's trace; for a job, of its lowest-utilization rank (the note says so).
+
+    ``analyses``: the job's per-rank results (:attr:`JobResult.analyses`); without them every rank is
+    analysed again to find what the lowest one waited for. Only that rank's trace is read either way.
+    """
     if report.source.format == tracker.FORMAT:
         raise GpuidleError("the step tracker records step times, not device intervals: no timeline to draw",
                            "profile a few steps with tracker.profile(steps=...) and use that trace")
     if len(report.ranks) == 1:
         return idle_timeline(report.ranks[0].path, bins, rank=report.ranks[0].rank)
     worst = min(report.ranks, key=lambda r: (r.primary().utilization, r.rank))
-    # waiting for the last rank needs every rank's collectives: analyse the job again
-    files = sorted({r.path for r in report.ranks})
-    analyses = [o.analysis for o in LocalPool().run(files) if o.analysis is not None]
-    mine = next(a for a in analyses if a.report.path == worst.path and a.report.rank == worst.rank)
-    waits = waiting_intervals(mine, match_collectives(analyses))
+    # waiting for the last rank needs every rank's collectives: from the job's results, else analysed again
+    ranks = list(analyses)
+    if not ranks:
+        files = sorted({r.path for r in report.ranks})
+        ranks = [o.analysis for o in LocalPool().run(files) if o.analysis is not None]
+    mine = next(a for a in ranks if a.report.path == worst.path and a.report.rank == worst.rank)
+    waits = waiting_intervals(mine, match_collectives(ranks))
     tl = idle_timeline(worst.path, bins, {mine.primary_device: waits}, rank=worst.rank)
     note = f"rank {worst.rank} of {len(report.ranks)}, the lowest utilization ({worst.primary().utilization:.1%})"
     return IdleTimeline(path=tl.path, rank=worst.rank, t0_ns=tl.t0_ns, step_numbers=tl.step_numbers,

@@ -27,6 +27,7 @@ from gpuidle.report.registry import REPORT_FORMATS, format_for
 
 if TYPE_CHECKING:
     from gpuidle import api
+    from gpuidle.analysis.summary import RankAnalysis
     from gpuidle.model import AnalysisReport
 
 PROGRESS_MIN_BYTES = 50 << 20
@@ -124,10 +125,11 @@ def run(args: argparse.Namespace) -> int:
         raise GpuidleError("--out-dir is for a folder of jobs; this is one job", "give --out FILE instead")
     report = jobs.results[0].report
     assert report is not None  # one job alone raises rather than return no report
-    return _report_job(args, report, fmt)
+    return _report_job(args, report, fmt, jobs.results[0].analyses)
 
 
-def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str) -> int:
+def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
+                analyses: Sequence[RankAnalysis] = ()) -> int:
     from gpuidle import api
     from gpuidle.report.common import RenderOptions
 
@@ -145,7 +147,7 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str) -> i
         emit(renderer_class(fmt)().render(report, options), args.out)
     record(args, report, args.label)
     if pages or args.annotate:
-        timeline = api.timeline_for(report)
+        timeline = api.timeline_for(report, analyses=analyses)
         if timeline.note:
             from gpuidle.report.text import printable
 
