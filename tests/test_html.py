@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gzip
 import json
 import os
+import re
 import select
 import struct
 import subprocess
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from html import unescape
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from gpuidle.cli import main
 from gpuidle.model import CAUSES
 from gpuidle.report import html, svg
 from gpuidle.report.common import combined_text, gain_text, ms
+from gpuidle.report.terminal import TerminalRenderer
 from minitrace import Trace
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -37,6 +41,8 @@ HANG_GUARD_S = 300.0
 """Only so that a wedged browser fails the run instead of hanging it; never a performance bound."""
 EXAMPLE = Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"
 RANKS = [DATA / "trace_filter__sampled_rank-0.json.gz", DATA / "trace_filter__sampled_rank-1.json.gz"]
+ALEXNET = DATA / "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz"
+US = 1e-6
 
 
 # -- a minimal DevTools client over the pipe ------------------------------------------------
@@ -478,3 +484,54 @@ def test_the_page_has_the_collectives_and_kernels_tables() -> None:
     assert 'class="collectives"' in page
     assert page.count("</td></tr>", page.index('class="collectives"'), page.index('class="kernels"')) == len(
         shown.communication.collectives)
+
+
+def test_the_page_shows_the_start_up_cost_the_terminal_shows() -> None:
+    """AlexNet pays ~11.75 s once (context creation, a first launch loading cuDNN's module, a stream, allocations):
+    the page says so in the terminal's words, every call listed, the figures those of the raw trace."""
+    report = api.analyze([ALEXNET])
+    rank = report.ranks[0]
+    page = html.render_report(report, None)
+    part = page[page.index('<div id="startup">'):]
+    part = part[:part.index("</div>")]
+    head = unescape(re.findall(r'<p class="note">(.*?)</p>', part)[0])
+    items = [unescape(x) for x in re.findall(r"<li>(.*?)</li>", part)]
+    # the same words as the terminal's, the figure the device's start-up idle
+    assert head == f"start-up cost (once, left out of per-step figures and gains): {ms(rank.primary().startup_s)} " \
+                   "of device idle"
+    assert head in TerminalRenderer().render(report)
+    assert len(items) == len(rank.startup) > 8        # every call: the first 8 as in the terminal, the rest folded
+    assert part.count("<details><summary>") == 1
+    # independently, from the raw events: the longest call of each of three names, and the kernel time under them
+    events = json.loads(gzip.decompress(ALEXNET.read_bytes()))["traceEvents"]
+    t0 = min(e["ts"] for e in events if e.get("ph") == "X")
+    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel"]
+    longest = {name: max((e for e in events if e.get("name") == name), key=lambda e: e["dur"])
+               for name in ("cudaFree", "cudaLaunchKernel", "cudaStreamCreateWithFlags")}
+    free, first, stream = (longest[n]["dur"] * US
+                           for n in ("cudaFree", "cudaLaunchKernel", "cudaStreamCreateWithFlags"))
+    assert f"{ms(free)} cudaFree (context)" in items
+    assert f"{ms(stream)} cudaStreamCreateWithFlags (stream)" in items
+    (module,) = [x for x in items if x.startswith(f"{ms(first)} cudaLaunchKernel (first launch of ")]
+    assert module.endswith("(module load)")
+    # the idle set apart is at least what the device idles under those three calls and at most the window's
+    # span of every start-up call listed: 9.80 s ≤ 11.75 s ≤ 11.76 s
+    lo, hi = rank.window.start_s, rank.window.start_s + rank.window.dur_s
+    assert all(lo <= (e["ts"] - t0) * US and (e["ts"] + e["dur"] - t0) * US <= hi for e in longest.values())
+    under = sum(max(0.0, min(end, e["ts"] + e["dur"]) - max(s, e["ts"])) for e in longest.values()
+                for s, end in kernels) * US
+    assert under < 1e-3                                # the first launch's own kernel, in its last 4 µs
+    spans = sorted((max(c.start_s, lo), min(c.start_s + c.dur_s, hi)) for c in rank.startup
+                   if c.start_s < hi and c.start_s + c.dur_s > lo)
+    covered, reach = 0.0, lo
+    for s, e in spans:
+        covered += max(0.0, e - max(s, reach))
+        reach = max(reach, e)
+    assert free + first + stream - under <= rank.primary().startup_s <= covered
+    assert rank.primary().startup_s == pytest.approx(11.75, abs=0.01)
+
+
+def test_no_start_up_cost_no_start_up_section() -> None:
+    report = api.analyze([EXAMPLE])
+    assert report.ranks[0].startup == []
+    assert 'id="startup"' not in html.render_report(report, None)

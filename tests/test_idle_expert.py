@@ -20,6 +20,8 @@ US = 1e-6
 ALLREDUCE_BF16 = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 ALLREDUCE_F32 = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 ALLTOALL_I8 = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
+BACKWARD = "autograd::engine::evaluate_function: MmBackward0"
+"""An autograd op: what makes a hand-built trace a training step (gradient fixes apply only there)."""
 
 
 def run(t: Trace, tmp_path: Path, props: list[dict[str, Any]] | None = None) -> AnalysisReport:
@@ -127,6 +129,7 @@ def test_first_launch_and_context_creation_are_start_up(tmp_path: Path) -> None:
 
 def _comm_step(t: Trace, base: float, kernel: str, dtype: str, collective: str, nelems: int) -> None:
     t.launch(at=base, call_dur=10, start=base + 10, dur=390)        # compute [10, 400)
+    t.op(BACKWARD, base + 100, 10)                                  # a training step, while the device is busy
     t.op("record_param_comms", base + 20, 20, **{
         "Collective name": collective, "Process Group Name": "0", "In msg nelems": nelems,
         "Out msg nelems": nelems, "dtype": dtype, "Group size": 2})

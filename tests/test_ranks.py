@@ -28,6 +28,7 @@ def two_ranks(tmp_path: Path, late_by: float = 300, steps: int = 2, nelems: int 
             if load:
                 t.annotation("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", base, load)
             t.launch(at=base + load, call_dur=10, start=base + load + 10, dur=490)
+            t.op("autograd::engine::evaluate_function: MmBackward0", base + load + 100, 10)  # training, device busy
             t.op("record_param_comms", base + load + 20, 20, **{
                 "Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": nelems,
                 "Out msg nelems": nelems, "dtype": "Float", "Group size": 2})

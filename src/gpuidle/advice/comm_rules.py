@@ -35,12 +35,13 @@ FULL_PRECISION = ("float32", "float64")
 def exposed_communication(x: RuleInput) -> list[Proposal]:
     """DDP tuning when collectives run with no compute beside them; each fix is credited only with the exposed
     time of the collectives it touches, from the bytes and dtypes they move. Sharded jobs get their own
-    fixes (``advice.sharded``); the transport check holds for any style."""
+    fixes (``advice.sharded``); inference has no gradients (tensor-parallel all-reduces move activations), so
+    it gets none of these; the transport check holds for any style."""
     comm = x.report.communication
     if x.share(Cause.COMMUNICATION) < MIN_SHARE:
         return []
     out: list[Proposal] = []
-    if comm.parallelism != "ddp":
+    if comm.parallelism != "ddp" or x.inference:
         return _transport(x, out)
     reduces = [c for c in comm.collectives if c.collective == "all_reduce"]
     count = x.per_window_step(sum(c.count for c in reduces))

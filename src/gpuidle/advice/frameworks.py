@@ -201,11 +201,11 @@ GRAPH_FIXES: dict[str, tuple[str, str]] = {
     "compiled": (
         "Launch-bound although compiled: let torch.compile replay CUDA graphs (mode=\"reduce-overhead\")",
         "model = torch.compile(model, mode=\"reduce-overhead\")   # the default mode still launches each kernel\n"
-        "# graph breaks split the capture: TORCH_LOGS=graph_breaks python serve.py lists them"),
+        "# graph breaks split the capture: TORCH_LOGS=graph_breaks python {script} lists them"),
     "cuda_graphs": (
         "Launch-bound outside the replayed CUDA graphs: capture the rest of the step",
         "# the step already replays graphs; the launches left run eagerly between them. Find what stays out:\n"
-        "TORCH_LOGS=graph_breaks,cudagraphs python train.py     # graph breaks and skipped cudagraph captures\n"
+        "TORCH_LOGS=graph_breaks,cudagraphs python {script}     # graph breaks and skipped cudagraph captures\n"
         "# then capture the remaining part: torch.cuda.make_graphed_callables(part, (sample_input,))"),
     "vllm": (
         "Launch-bound: run vLLM with CUDA graphs (it runs eagerly now)",
@@ -217,7 +217,8 @@ GRAPH_FIXES: dict[str, tuple[str, str]] = {
         "# more batch sizes captured: --cuda-graph-max-bs 256"),
 }
 """The CUDA-graph fix that fits how the program already runs: what to do differs for eager PyTorch, a model
-already under torch.compile, a step that replays graphs, and a serving engine with its own graph mode."""
+already under torch.compile, a step that replays graphs, and a serving engine with its own graph mode.
+``{script}`` is the program run: ``train.py`` for a training step, ``serve.py`` for inference."""
 
 
 def graph_fix(workload: Workload | None) -> tuple[str, str] | None:
@@ -226,7 +227,8 @@ def graph_fix(workload: Workload | None) -> tuple[str, str] | None:
         return GRAPH_FIXES["eager"]
     if workload.engine is not None:
         return None if workload.execution == "cuda_graphs" else GRAPH_FIXES[workload.engine]
-    return GRAPH_FIXES[workload.execution]
+    title, fix = GRAPH_FIXES[workload.execution]
+    return title, fix.replace("{script}", "serve.py" if workload.mode == "inference" else "train.py")
 
 
 WORDINGS: dict[str, dict[str, Wording | None]] = {"tensorflow": TENSORFLOW, "jax": JAX}

@@ -55,6 +55,11 @@ class Hardware:
         return "matrix cores" if self.platform == ROCM else "tensor cores"
 
     @property
+    def conv_library(self) -> str:
+        """The convolution library ``torch.backends.cudnn`` drives: cuDNN, or MIOpen on ROCm builds."""
+        return "MIOpen" if self.platform == ROCM else "cuDNN"
+
+    @property
     def smi(self) -> str | None:
         """The vendor's counter tool, or None where no device was measured."""
         return {CUDA: "nvidia-smi", ROCM: "rocm-smi"}.get(self.platform)

@@ -228,12 +228,16 @@ def cudnn_benchmark(x: RuleInput) -> list[Proposal]:
     k = x.report.kernels
     if k.conv_share < 0.2:
         return []
+    library = x.hw.conv_library
+    rocm = "\n# ROCm builds: torch.backends.cudnn drives MIOpen; this turns on its algorithm search" \
+        if library == "MIOpen" else ""
     return [x.rec(
         "cudnn_benchmark", COMPUTE,
-        "Convolutions dominate: let cuDNN pick the fastest algorithms for your shapes",
+        f"Convolutions dominate: let {library} pick the fastest algorithms for your shapes",
         {"conv_share_of_kernel_time": round(k.conv_share, 3)},
-        "torch.backends.cudnn.benchmark = True   # set once, before the first forward; input shapes must not vary",
-        Effect(reason="a trace does not hold the algorithms cuDNN would pick; "
+        "torch.backends.cudnn.benchmark = True   # set once, before the first forward; input shapes must not vary"
+        + rocm,
+        Effect(reason=f"a trace does not hold the algorithms {library} would pick; "
                       "helps only with fixed input shapes"), confidence="low",
     )]
 

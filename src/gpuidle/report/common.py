@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from gpuidle.advice.whatif import UTILIZATION_TOLERANCE
-from gpuidle.model import Combined, CommRole, Gain, RankReport, Recommendation, Source, duration
+from gpuidle.model import Combined, CommRole, Gain, RankReport, Recommendation, Source, StartupCost, duration
 from gpuidle.report.text import printable
 
 T = TypeVar("T")
@@ -157,14 +157,31 @@ def excluded_lines(r: RankReport, kept: bool = False) -> list[str]:
             for s in r.steps if s.excluded is not None]
 
 
-def startup_lines(r: RankReport) -> list[str]:
-    """One-time start-up costs, once: ``start-up (once, not in per-step figures): 6,008.7 ms cudaFree (context)``."""
+STARTUP_SHOWN = 8
+"""Start-up costs a text report lists one by one; the rest are counted (all of them are in the JSON)."""
+
+
+def startup_head(r: RankReport) -> str | None:
+    """``start-up cost (once, left out of per-step figures and gains): 11,754.0 ms of device idle``, or None
+    without start-up costs: the device idle the analysis set apart under them (``DeviceReport.startup_s``)."""
     if not r.startup:
+        return None
+    return f"start-up cost (once, left out of per-step figures and gains): {ms(r.primary().startup_s)} of device idle"
+
+
+def startup_item(c: StartupCost) -> str:
+    """``6,008.7 ms cudaFree (context)``: one start-up call, its duration and kind."""
+    return f"{ms(c.dur_s)} {c.name} ({c.kind.replace('_', ' ')})"
+
+
+def startup_lines(r: RankReport) -> list[str]:
+    """One-time start-up costs, once: the head line, then ``  6,008.7 ms cudaFree (context)`` per call."""
+    head = startup_head(r)
+    if head is None:
         return []
-    idle = sum(c.idle_s for c in r.startup)
-    head = f"start-up cost (once, left out of per-step figures and gains): {ms(idle)} of device idle"
-    return [head] + [f"  {ms(c.dur_s)} {c.name} ({c.kind.replace('_', ' ')})" for c in r.startup[:8]] + (
-        [f"  +{len(r.startup) - 8} more (--format json)"] if len(r.startup) > 8 else [])
+    more = len(r.startup) - STARTUP_SHOWN
+    return [head] + [f"  {startup_item(c)}" for c in r.startup[:STARTUP_SHOWN]] + (
+        [f"  +{more} more (--format json)"] if more > 0 else [])
 
 
 def printable_report(report: T) -> T:

@@ -6,10 +6,11 @@ at all, so it opens the same from a laptop on a plane as from a CI artifact.
 
 What it shows, the decision first: the headline (utilization and the largest idle cause),
 the recommendations as ranked cards with their evidence and gain, and every fix together;
-then the evidence: per device, utilization over time with idle intervals coloured by cause
-(from :func:`gpuidle.api.idle_timeline`); per step, busy vs idle by cause as stacked
-bars; for a job, a rank x step heatmap of utilization; the collectives and kernels. For
-``gpuidle compare``, the two runs side by side.
+then the evidence: per device, utilization and idle by cause, and the one-time start-up cost
+left out of every step (in the terminal report's words); utilization over time with idle
+intervals coloured by cause (from :func:`gpuidle.api.idle_timeline`); per step, busy vs idle
+by cause as stacked bars; for a job, a rank x step heatmap of utilization; the collectives
+and kernels. For ``gpuidle compare``, the two runs side by side.
 Every number comes from the report, the comparison or the timeline; this module only
 places them.
 """
@@ -35,6 +36,7 @@ from gpuidle.model import (
 from gpuidle.probes.common import human_bytes
 from gpuidle.report.common import (
     DEFAULT_OPTIONS,
+    STARTUP_SHOWN,
     RenderOptions,
     combined_text,
     gain_text,
@@ -42,6 +44,8 @@ from gpuidle.report.common import (
     pct,
     role_lines,
     source_label,
+    startup_head,
+    startup_item,
 )
 from gpuidle.report.compare_text import money
 from gpuidle.report.svg import (
@@ -80,6 +84,18 @@ def _cause_table(d: DeviceReport) -> str:
         for c in CAUSES if d.idle_by_cause_s.get(c.value, 0.0) > 0)
     return ('<table><tr><th>idle cause</th><th class="num">time</th><th class="num">of window</th></tr>'
             + (rows or '<tr><td colspan="3">no idle time</td></tr>') + "</table>")
+
+
+def _startup(r: RankReport) -> str:
+    """The terminal's start-up line and calls, in its words; the calls past the first few fold away."""
+    head = startup_head(r)
+    if head is None:
+        return ""
+    items = [f"<li>{esc(startup_item(c))}</li>" for c in r.startup]
+    more = (f'<details><summary>+{len(items) - STARTUP_SHOWN} more</summary><ul class="startup">'
+            f"{''.join(items[STARTUP_SHOWN:])}</ul></details>" if len(items) > STARTUP_SHOWN else "")
+    return (f'<div id="startup"><p class="note">{esc(head)}</p><ul class="startup">'
+            f"{''.join(items[:STARTUP_SHOWN])}</ul>{more}</div>")
 
 
 def recommendation_card(i: int, rec: Recommendation) -> str:
@@ -191,6 +207,7 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
                 + (f"; rank {shown.rank} has the lowest utilization of the job" if n > 1 else "") + "</p>"
                 + '<div class="grid">' + "".join(_device_card(shown, d) for d in shown.devices) + "</div>"
                 + "".join(cause_bar(d) for d in shown.devices) + legend() + _cause_table(shown.primary())
+                + _startup(shown)
                 + "".join(f'<p class="note">note: {esc(x)}</p>' for x in shown.notes) + "</section>")
     if timeline is not None:
         note = f'<p class="note">{esc(timeline.note)}</p>' if timeline.note else ""

@@ -25,11 +25,12 @@ FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("ada", re.compile(r"^sm89_|_sm89_")),
     ("hopper", re.compile(r"^sm90a?_|_sm90a?_|wgmma|cutlass3x_sm90|_sm90\b")),
     ("blackwell", re.compile(r"^sm10\d_|_sm10\d[af]?_|cutlass3x_sm10\d|tcgen05")),
+    ("cdna", re.compile(r"^Cijk_|^ck_|rocblas|miopen|MIOpen|hipblaslt", re.IGNORECASE)),
     ("cdna2", re.compile(r"gfx90a")),
     ("cdna3", re.compile(r"gfx94[0-2]")),
-    ("cdna", re.compile(r"^Cijk_|^ck_|rocblas|miopen|MIOpen|hipblaslt", re.IGNORECASE)),
 )
-"""In order of age within a vendor: the last family found on a device wins."""
+"""In order of age within a vendor: the last family found on a device wins. ``cdna`` (a ROCm library named,
+no architecture) comes before the gfx targets, so that a Tensile ``Cijk_…_gfx942`` kernel reads as CDNA3."""
 ORDER = {name: i for i, (name, _) in enumerate(FAMILIES)}
 
 
