@@ -3,6 +3,7 @@ the exchange and straggler split, its log format, the reader and ``gpuidle analy
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 from collections.abc import Iterable, Iterator
@@ -630,6 +631,9 @@ def test_watch_ddp_times_the_buckets_and_lets_go_at_close(tmp_path: Path) -> Non
         report = tr.close()
         model(x).sum().backward()  # training goes on after close: the hook lets buckets through
         assert tr._open.comm == []
+        # DDP's reducer holds the process group: freed after it, gloo's destructor can wait on its threads forever
+        del model, tr, loss
+        gc.collect()
     finally:
         dist.destroy_process_group()
     steps = _steps(tmp_path / "run" / "rank-0.jsonl")
