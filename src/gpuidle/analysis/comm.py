@@ -212,7 +212,8 @@ def exposed_by_collective(coll: Collectives, device: int, seg: tuple[I64, I64], 
     on = on[np.argsort(coll.start[on], kind="stable")]
     names = [f"{coll.collective[i]}:{coll.dtype[i]}" for i in on]
     keys = sorted(set(names))
-    key_of = np.array([keys.index(n) for n in names], dtype=np.int64)
+    index = {k: i for i, k in enumerate(keys)}
+    key_of = np.array([index[n] for n in names], dtype=np.int64)
     s, e, _ = iv.label_segments(iv.union(*seg), [(coll.start[on], coll.end[on])], extra_points=bounds)
     # segments are cut at every call's ends, so a call covers those starting inside it; painted latest
     # start first, the earliest-started call covering a segment is the one left
@@ -221,20 +222,6 @@ def exposed_by_collective(coll: Collectives, device: int, seg: tuple[I64, I64], 
     last = np.searchsorted(s, coll.end[on], side="left")
     for j in range(on.size - 1, -1, -1):
         label[first[j]:last[j]] = key_of[j]
-    step = np.clip(np.searchsorted(bounds, s, side="right") - 1, 0, n_steps - 1)
-    for k, key in enumerate(keys):
-        hit = label == k
-        if hit.any():
-            sums = np.bincount(step[hit], weights=(e - s)[hit], minlength=n_steps)
-            for i in np.flatnonzero(sums):
-                out[int(i)][key] = float(sums[i]) / 1e9
-    return out
-    keys = sorted({f"{coll.collective[i]}:{coll.dtype[i]}" for i in on})
-    layers = []
-    for key in keys:
-        sel = np.array([i for i in on if f"{coll.collective[i]}:{coll.dtype[i]}" == key], dtype=np.int64)
-        layers.append(iv.union(coll.start[sel], coll.end[sel]))
-    s, e, label = iv.label_segments(iv.union(*seg), layers, extra_points=bounds)
     step = np.clip(np.searchsorted(bounds, s, side="right") - 1, 0, n_steps - 1)
     for k, key in enumerate(keys):
         hit = label == k
