@@ -123,6 +123,7 @@ def hidden_data_wait(tmp_path: Path, steps: int = 6) -> Path:
             else:
                 t.annotation(NEXT, base, 500)
             t.launch(at=ready, call_dur=10, start=ready + 10, dur=490, name=ELEMENTWISE)
+            t.op("autograd::engine::evaluate_function: MmBackward0", ready + 100, 10)  # training, device busy
             t.op("record_param_comms", ready + 20, 20, **{
                 "Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": 262144,
                 "Out msg nelems": 262144, "dtype": "Float", "Group size": 2})

@@ -9,6 +9,7 @@ import pytest
 import gpuidle
 from gpuidle.advice.whatif import job_problem
 from gpuidle.model import AnalysisReport
+from gpuidle.report.common import RenderOptions
 from gpuidle.report.terminal import TerminalRenderer
 from test_whatif import DeviceTrace, hidden_data_wait
 
@@ -76,7 +77,7 @@ def test_ranks_with_different_steps_get_per_rank_figures(tmp_path: Path) -> None
     assert loader.gain.step_s_saved == pytest.approx(500 * US)
     assert loader.gain.reason is not None
     assert "rank 1's own step" in loader.gain.reason
-    assert "rank 1's own step" in TerminalRenderer().render(report)
+    assert "rank 1's own step" in TerminalRenderer().render(report, RenderOptions(width=400))
 
 
 def test_missing_ranks_give_no_job_figure() -> None:
