@@ -86,6 +86,8 @@ def test_who_reads_on_every_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         f.truncate(kineto_columns.PARALLEL_FROM)
     monkeypatch.setattr(kineto_columns.os, "sched_getaffinity", lambda _: {0, 1, 2}, raising=False)
     assert kineto_columns.read_workers(str(big)) == 3
+    assert kineto_columns.read_workers(str(tmp_path / "missing.json")) == 1  # the stream says why, in its words
+    assert kineto_columns.read_workers("s3://bucket/big.json.gz") == 1  # no request just to learn its size
     monkeypatch.setenv(kineto_columns.WORKERS_ENV, "4")
     assert kineto_columns.read_workers(str(small)) == 4
     monkeypatch.setenv(kineto_columns.WORKERS_ENV, "many")

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import repeat
 from operator import attrgetter, ne
 from typing import TYPE_CHECKING, Any
@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from gpuidle.errors import CorruptInput, GpuidleError
 from gpuidle.model import I64, DeviceOpKind, HostKind
-from gpuidle.sources.inputs import is_url, size
+from gpuidle.sources.inputs import is_url
 from gpuidle.sources.jsonstream import TraceStream
 from gpuidle.sources.kineto_events import (
     EMPTY_ARGS,
@@ -316,20 +316,18 @@ def columns_of(text: bytes) -> Columns:
     return cols
 
 
-PARALLEL_FROM = 256 << 20
-"""Decompressed bytes from which a trace is read on every core: below, starting the workers costs more
-than they save (a gzip file counts :data:`GZIP_RATIO` times its size)."""
-GZIP_RATIO = 8
-"""About how much trace JSON a gzip byte holds (real traces: 6 to 13)."""
+PARALLEL_FROM = 32 << 20
+"""File bytes from which a trace is read on every core (a gzip trace of that size holds some 200 to 400 MiB
+of JSON): below, starting the workers costs about what they save."""
 WORKERS_ENV = "GPUIDLE_READ_WORKERS"
 """Processes to decode one trace with, whatever its size (1: in this process); worker processes never fan out."""
 _SYNTAX = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 def read_workers(path: str) -> int:
-    """Processes to decode ``path`` with: every core for a big trace on Linux; 1 (this process) for a small
-    one, a remote one of unknown size, elsewhere than Linux, or when this is itself a worker (a rank of a
-    job, a Dask task). The process pool's modules load only when a pool is used."""
+    """Processes to decode ``path`` with: every core for a big local trace on Linux; 1 (this process) for a
+    small one, a remote one (its size would cost a request of its own), elsewhere than Linux, or when this is
+    itself a worker (a rank of a job, a Dask task). The process pool's modules load only when a pool is used."""
     if sys.platform != "linux":  # workers are forked: safe on Linux only
         return 1
     given = os.environ.get(WORKERS_ENV, "").strip()
@@ -340,28 +338,18 @@ def read_workers(path: str) -> int:
             raise GpuidleError(f"{WORKERS_ENV}={given!r} is not a number of processes",
                                "unset it, or give a whole number (1: read in this process)") from None
     else:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
-            n = size(path)
-        except OSError:
+            if is_url(path) or os.path.getsize(path) < PARALLEL_FROM:
+                return 1
+        except OSError:  # missing or unreadable: the stream says so in its own words
             return 1
-        compressed = str(path).endswith((".gz", ".gzip")) or (not is_url(path) and _is_gzip(path))
-        if n * (GZIP_RATIO if compressed else 1) < PARALLEL_FROM:
-            return 1
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if workers > 1:
         import multiprocessing
 
         if multiprocessing.parent_process() is not None:  # a worker forking workers of its own could deadlock
             return 1
     return workers
-
-
-def _is_gzip(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(2) == b"\x1f\x8b"
-    except OSError:
-        return False
 
 
 def _checked(text: bytes) -> bytes:
@@ -389,7 +377,7 @@ def read_columns(path: str, progress: Callable[[int, int], None] | None = None) 
     return cols, stream.header
 
 
-def _in_order(texts: Iterator[bytes] | TraceStream[bytes], workers: int, path: str) -> Iterator[Columns]:
+def _in_order(texts: Iterable[bytes], workers: int, path: str) -> Iterator[Columns]:
     """The chunks' columns from a pool of ``workers`` processes, two chunks in flight per worker."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
