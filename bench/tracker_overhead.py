@@ -1,7 +1,7 @@
 """Cost of the step tracker: the DDP workload with and without it, interleaved A/B in one run (target ≤ 0.5 %).
 
     python bench/tracker_overhead.py                          # 2 ranks (gloo on CPU, NCCL on GPUs)
-    python bench/tracker_overhead.py --nproc 2 --rounds 30 --block 40 --device-ms 20
+    python bench/tracker_overhead.py --ranks 2 --rounds 30 --block 40 --device-ms 20
 
 All arms run in the same processes on the same data: identical DDP models, two plain (A and
 A', DDP's built-in all-reduce) and one with the tracker (B: its phases, its loader wrapper, its
@@ -39,9 +39,9 @@ def t95(df: int) -> float:
 
 
 def launch(args: argparse.Namespace) -> int:
-    """Run this script under torchrun with ``--nproc`` ranks."""
+    """Run this script under torchrun with ``--ranks`` ranks."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",
            __file__, "--rank-side", *sys.argv[1:]]
     return subprocess.call(cmd, env=env)
 
@@ -93,7 +93,8 @@ def rank_side(args: argparse.Namespace) -> None:
     tracked = workload.setup(wargs)
     rank = dist.get_rank()
     out = tempfile.mkdtemp(prefix="gpuidle-bench-")
-    tracker = StepTracker(out, model=tracked.model, log_every=None, log=lambda _: None)
+    model = None if args.no_comm else tracked.model
+    tracker = StepTracker(out, model=model, log_every=None, log=lambda _: None)
     arms = {"A": plain, "C": control, "B": tracked}
     for w in arms.values():  # warm-up: DDP rebuilds its buckets after the first steps
         dist.barrier()
@@ -121,7 +122,8 @@ def rank_side(args: argparse.Namespace) -> None:
     cost_us = own_cost()
     result = {
         "ranks": int(os.environ.get("WORLD_SIZE", "1")), "rounds": args.rounds, "block_steps": args.block,
-        "device_ms": args.device_ms, "step_ms_without": step_ms, "step_ms_with": statistics.median(times["B"]),
+        "device_ms": args.device_ms, "comm_timed": not args.no_comm,
+        "step_ms_without": step_ms, "step_ms_with": statistics.median(times["B"]),
         "overhead_mean": mean, "overhead_ci95": half, "overhead_median": statistics.median(pairs),
         "control_mean": control, "control_ci95": control_half,
         "tracker_host_us_per_step": cost_us,
@@ -139,12 +141,15 @@ def rank_side(args: argparse.Namespace) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--nproc", type=int, default=2)
+    # not --nproc: torchrun reads every option of its command line, and that one prefixes two of its own
+    p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--rounds", type=int, default=20, help="A/B pairs")
     p.add_argument("--block", type=int, default=40, help="steps per block")
     p.add_argument("--device-ms", type=float, default=12.0, help="simulated device time per step (no GPU)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--width", type=int, default=128)
+    p.add_argument("--no-comm", action="store_true",
+                   help="the tracker without timing DDP's communication (no comm hook): what the hook costs")
     p.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_side:

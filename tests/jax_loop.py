@@ -51,8 +51,10 @@ def main() -> None:
     if coordinator:  # processes JAX connects: the tracker takes rank and world from JAX and exchanges through it
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator, num_processes=world, process_id=rank)
-    # the sync modes' steps are longer on the device than the host work the loop does between them
-    w, x = jnp.full((256, 256), 0.01), jnp.ones((1024 if mode in ("sync", "hostwork") else 128, 256))
+    # the sync modes' steps are longer on the device than the host work the loop does between them (a GPU needs
+    # a wider model for that)
+    dim = 256 if jax.default_backend() == "cpu" else 4096
+    w, x = jnp.full((dim, dim), 0.01), jnp.ones((4 * dim if mode in ("sync", "hostwork") else dim // 2, dim))
     w, loss = train_step(w, x)
     loss.block_until_ready()
     # the loop's own device time per step, measured synchronously beforehand (the reference)

