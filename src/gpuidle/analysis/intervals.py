@@ -39,13 +39,23 @@ def union(starts: I64, ends: I64) -> Intervals:
 def sorted_unique(values: I64) -> I64:
     """``np.unique`` for int64, by sort and neighbour mask: numpy 2's hash-based unique costs
     ~100x more per element, and it made the analysis superlinear on large traces."""
-    v = np.sort(values)
+    v = np.sort(values, kind="stable")  # timsort: a trace's times come in sorted runs (13x faster on 2.6 M)
     if v.size == 0:
         return v
     keep = np.empty(v.size, dtype=bool)
     keep[0] = True
     np.not_equal(v[1:], v[:-1], out=keep[1:])
     return v[keep]
+
+
+def member(sorted_values: I64, points: I64) -> np.ndarray:
+    """For each point, whether it is one of ``sorted_values``: a binary search, where ``np.isin`` on two large
+    int64 arrays hashes both (numpy 2) at ~3x the cost."""
+    if sorted_values.size == 0:
+        return np.zeros(points.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_values, points), sorted_values.size - 1)
+    found: np.ndarray = sorted_values[at] == points
+    return found
 
 
 def total(iv: Intervals) -> int:
@@ -106,7 +116,7 @@ def label_segments(
     if extra_points is not None:
         pts.append(extra_points)
     p = sorted_unique(np.concatenate(pts))
-    p = p[(covered(base, p)) | np.isin(p, be)]
+    p = p[covered(base, p) | member(be, p)]
     seg_s, seg_e = p[:-1], p[1:]
     inside = covered(base, seg_s)
     seg_s, seg_e = seg_s[inside], seg_e[inside]
@@ -115,7 +125,7 @@ def label_segments(
     for k, (s, e) in enumerate(layers):
         if s.size == 0 or not todo.any():
             continue
-        cover = _count_covering(np.sort(s), np.sort(e), seg_s[todo])
+        cover = _count_covering(np.sort(s, kind="stable"), np.sort(e, kind="stable"), seg_s[todo])
         hit = np.flatnonzero(todo)[cover > 0]
         label[hit] = k
         todo[hit] = False

@@ -31,7 +31,7 @@ import numpy as np
 from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.comm import Collectives
 from gpuidle.analysis.idle import DeviceIdle
-from gpuidle.model import I64, CommRole, HostKind, Timeline
+from gpuidle.model import I32, I64, CommRole, HostKind, Timeline
 
 FSDP_PREFIX = "FSDP::"
 DS_STAGE3 = ("DeepSpeedZeroOptimizer_Stage3.", "PartitionedParameterCoordinator.")
@@ -64,14 +64,6 @@ def parallelism_of(names: set[str]) -> str | None:
     return None
 
 
-def _phase(enclosing: list[str], main_thread: bool) -> str:
-    if any(n.startswith(OPTIMIZER_MARKS) for n in enclosing):
-        return "optimizer"
-    if any(n.startswith(BACKWARD_MARKS) for n in enclosing) or not main_thread:
-        return "backward"
-    return "forward"
-
-
 def role_of(collective: str, phase: str, parallelism: str) -> str:
     """A collective's role from its type, its phase and the job's style: all-gathers and reduce-scatters
     move parameters and gradients only in a sharded job (elsewhere: embeddings, tensor parallelism)."""
@@ -91,24 +83,39 @@ def role_of(collective: str, phase: str, parallelism: str) -> str:
 def classify(tl: Timeline, coll: Collectives, launchers: I64) -> tuple[str, list[str]]:
     """The job's style and each collective's role."""
     host = tl.host
-    marked = np.array([s.startswith(_MARKS) for s in tl.strings], dtype=bool)
+
+    def named(marks: tuple[str, ...]) -> np.ndarray:
+        return np.array([s.startswith(marks) for s in tl.strings], dtype=bool)
+
+    marked = named(_MARKS)
     rows = np.flatnonzero(marked[host.name] & (host.kind != HostKind.RUNTIME)) if marked.size else \
         np.zeros(0, dtype=np.int64)
-    names = {tl.strings[int(host.name[r])] for r in rows}
-    labelled = parallelism_of(names)
-    forward = [r for r in rows if tl.strings[int(host.name[r])].startswith(FORWARD_MARKS)]
-    main = int(np.bincount(host.thread[forward]).argmax()) if forward else -1
-    phases: list[str] = []
-    for i in range(len(coll.op)):
-        launch = int(launchers[coll.op[i]])
-        if launch < 0:
-            phases.append("unknown")
-            continue
-        t, th = host.start[launch], host.thread[launch]
-        hit = rows[(host.thread[rows] == th) & (host.start[rows] <= t) & (host.end[rows] >= t)]
-        phases.append(_phase([tl.strings[int(host.name[r])] for r in hit], main in (-1, int(th))))
+    labelled = parallelism_of({tl.strings[int(i)] for i in iv.sorted_unique(host.name[rows].astype(np.int64))})
+    forward = rows[named(FORWARD_MARKS)[host.name[rows]]] if rows.size else rows
+    main = int(np.bincount(host.thread[forward]).argmax()) if forward.size else -1
+    launch = launchers[coll.op] if len(coll.op) else np.zeros(0, dtype=np.int64)
+    known = launch >= 0
+    at, thread = host.start[launch[known]], host.thread[launch[known]]
+    optimizer = _enclosed(rows[named(OPTIMIZER_MARKS)[host.name[rows]]], tl, at, thread)
+    backward = _enclosed(rows[named(BACKWARD_MARKS)[host.name[rows]]], tl, at, thread)
+    if main != -1:
+        backward |= thread != main  # autograd's device threads run the backward
+    phases = np.full(len(coll.op), "unknown", dtype=object)
+    phases[known] = np.where(optimizer, "optimizer", np.where(backward, "backward", "forward"))
     style = labelled or _inferred(coll.collective)
-    return style, [role_of(c, p, style) for c, p in zip(coll.collective, phases, strict=True)]
+    return style, [role_of(c, str(p), style) for c, p in zip(coll.collective, phases, strict=True)]
+
+
+def _enclosed(rows: I64, tl: Timeline, at: I64, thread: I32) -> np.ndarray:
+    """For each launch (time ``at`` on ``thread``), whether one of ``rows`` on that thread spans it, ends included."""
+    host = tl.host
+    inside = np.zeros(at.shape, dtype=bool)
+    for t in iv.sorted_unique(thread.astype(np.int64)):
+        mine = rows[host.thread[rows] == t]
+        if mine.size:
+            on = thread == t
+            inside[on] = iv.covered(iv.union(host.start[mine], host.end[mine] + 1), at[on])
+    return inside
 
 
 def _inferred(kinds: list[str]) -> str:

@@ -72,7 +72,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
             window_s=_s(d.window_ns), busy_s=_s(d.busy_ns), idle_s=_s(d.idle_ns),
             utilization=d.busy_ns / (d.window_ns - d.startup_ns) if d.window_ns > d.startup_ns else 0.0,
             idle_by_cause_s={c.value: _s(v) for c, v in d.idle_by_cause().items()},
-            active_s=_s(sum(int(e - s) for s, e in zip(*d.active, strict=True))),
+            active_s=_s(iv.total(d.active)),
             compute_capability=tl.meta.device_capability.get(d.device),
             startup_s=_s(d.startup_ns), kernel_arch=tl.meta.kernel_arch.get(d.device),
         )
