@@ -298,6 +298,11 @@ def test_tensor_parallel_inference_gets_no_gradient_fixes(tmp_path: Path, traini
     ids = {r.id for r in report.recommendations}
     if training:
         assert {"ddp_no_sync", "comm_compression"} <= ids
+        assert rank.communication.parallelism == "ddp"
+        assert "data parallel: DDP" in text_of(report)
     else:
         assert ids & gradient_fixes == set()
+        assert rank.communication.parallelism == "tensor_parallel"
+        assert "tensor parallel (inference" in text_of(report)
+        assert "data parallel" not in text_of(report)
         assert not re.search(r"gradient|optimizer|no_sync|comm_hook", text_of(report), re.IGNORECASE)

@@ -16,7 +16,8 @@ The style comes from the labels the frameworks record around their work:
   (``stage3.py``); ZeRO-1/2's optimizer is ``DeepSpeedZeroOptimizer`` (``stage_1_and_2.py``).
   NVTX ranges reach gpuidle through Nsight Systems exports; a PyTorch profiler trace does not record them.
 - DDP records ``DistributedDataParallel.forward``; without any label, all-reduces and no parameter
-  all-gather or reduce-scatter are taken for DDP's pattern (its fixes have always applied to them).
+  all-gather or reduce-scatter are taken for DDP's pattern in a training program (its fixes have always
+  applied to them), and for tensor parallelism in an inference program.
 
 A collective's phase is the range around its launch on the launching thread: backward inside
 ``autograd::engine::evaluate_function``, an FSDP backward hook or ``DeepSpeedEngine.backward``, or
@@ -80,8 +81,8 @@ def role_of(collective: str, phase: str, parallelism: str) -> str:
     return "other"
 
 
-def classify(tl: Timeline, coll: Collectives, launchers: I64) -> tuple[str, list[str]]:
-    """The job's style and each collective's role."""
+def classify(tl: Timeline, coll: Collectives, launchers: I64, training: bool) -> tuple[str, list[str]]:
+    """The job's style and each collective's role; ``training``: the program runs a backward pass."""
     host = tl.host
 
     def named(marks: tuple[str, ...]) -> np.ndarray:
@@ -102,7 +103,7 @@ def classify(tl: Timeline, coll: Collectives, launchers: I64) -> tuple[str, list
         backward |= thread != main  # autograd's device threads run the backward
     phases = np.full(len(coll.op), "unknown", dtype=object)
     phases[known] = np.where(optimizer, "optimizer", np.where(backward, "backward", "forward"))
-    style = labelled or _inferred(coll.collective)
+    style = labelled or _inferred(coll.collective, training)
     return style, [role_of(c, str(p), style) for c, p in zip(coll.collective, phases, strict=True)]
 
 
@@ -118,11 +119,13 @@ def _enclosed(rows: I64, tl: Timeline, at: I64, thread: I32) -> np.ndarray:
     return inside
 
 
-def _inferred(kinds: list[str]) -> str:
-    """DDP's pattern without its label: all-reduces, and no parameter all-gather or reduce-scatter."""
+def _inferred(kinds: list[str], training: bool) -> str:
+    """DDP's pattern without its label: a training program's all-reduces, and no parameter all-gather or
+    reduce-scatter. Without a backward pass there are no gradients: all-reduces alone are tensor parallelism
+    (a serving engine's layers summing their activations)."""
     if "all_reduce" not in kinds or any(k in ("all_gather", "reduce_scatter") for k in kinds):
         return "unknown"
-    return "ddp"
+    return "ddp" if training else "tensor_parallel"
 
 
 def role_split(coll: Collectives, roles: list[str], devices: list[DeviceIdle]) -> list[CommRole]:

@@ -64,7 +64,9 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     coll = find_collectives(tl, window, launchers)
     primary = max(idle, key=lambda d: (d.busy_ns, -d.device))
     communication = comm_report(tl, window, idle, coll)
-    communication.parallelism, roles = classify(tl, coll, launchers)
+    kind = workload(tl, names, launchers)
+    training = kind is None or kind.mode == "training"  # without host operators to tell by, as the advice reads it
+    communication.parallelism, roles = classify(tl, coll, launchers, training)
     communication.roles = role_split(coll, roles, idle) if roles else []
     devices = [
         DeviceReport(
@@ -106,7 +108,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         devices=devices, steps=steps, kernels=kernels,
         communication=communication,
         world_size=tl.meta.world_size, backend=tl.meta.backend, host_events=host_events(tl, names, launchers),
-        startup=startup_costs(tl, startup, primary), workload=workload(tl, names, launchers),
+        startup=startup_costs(tl, startup, primary), workload=kind,
         python_hotspots=python_hotspots(tl, primary),
     )
     step_of = np.clip(np.searchsorted(bounds, seg_s[exposed], side="right") - 1, 0, bounds.size - 2)

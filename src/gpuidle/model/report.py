@@ -125,7 +125,7 @@ COMM_ROLES = ("param_all_gather_forward", "param_all_gather_backward", "param_al
 backward (sharded: FSDP2, ZeRO-3) or after the optimizer step (ZeRO-1/2), gradients reduce-scattered
 (sharded), the all-reduce across replicas of HSDP, the gradient all-reduce of DDP (and ZeRO-1/2 without
 partitioned gradients), anything else."""
-PARALLELISM = ("ddp", "fsdp2", "deepspeed_zero1_2", "deepspeed_zero3", "deepspeed", "unknown")
+PARALLELISM = ("ddp", "fsdp2", "deepspeed_zero1_2", "deepspeed_zero3", "deepspeed", "tensor_parallel", "unknown")
 """The data-parallel style a trace or tracker shows: DDP, FSDP2 (``fully_shard``), DeepSpeed ZeRO stage 3,
 stage 1 or 2 (the trace cannot tell them apart), DeepSpeed with no ZeRO range seen, or none recognised."""
 

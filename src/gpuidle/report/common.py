@@ -215,13 +215,16 @@ ROLE_TEXT = {
     "grad_all_reduce": "gradient all-reduce",
     "other": "other collectives",
 }
-STYLE_TEXT = {"ddp": "DDP", "fsdp2": "FSDP2 (fully_shard)", "deepspeed_zero3": "DeepSpeed ZeRO-3",
-              "deepspeed_zero1_2": "DeepSpeed ZeRO-1/2", "deepspeed": "DeepSpeed", "unknown": "not recognised"}
+STYLE_TEXT = {"ddp": "data parallel: DDP", "fsdp2": "data parallel: FSDP2 (fully_shard)",
+              "deepspeed_zero3": "data parallel: DeepSpeed ZeRO-3",
+              "deepspeed_zero1_2": "data parallel: DeepSpeed ZeRO-1/2", "deepspeed": "data parallel: DeepSpeed",
+              "tensor_parallel": "tensor parallel (inference: the all-reduces sum activations across GPUs)",
+              "unknown": "parallelism: not recognised"}
 
 
 def role_lines(parallelism: str, roles: list[CommRole]) -> list[str]:
     """``data parallel: FSDP2`` and one line per role: exposed, device time, count."""
-    lines = [f"data parallel: {STYLE_TEXT.get(parallelism, parallelism)}"] if parallelism != "unknown" or roles else []
+    lines = [STYLE_TEXT.get(parallelism, f"parallelism: {parallelism}")] if parallelism != "unknown" or roles else []
     lines += [f"{ROLE_TEXT.get(r.role, r.role)}: {ms(r.exposed_s)} exposed of {ms(r.comm_s)}, {r.count} collectives"
               for r in roles]
     return lines
