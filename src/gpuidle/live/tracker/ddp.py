@@ -78,9 +78,10 @@ def averaging_allreduce_hook(process_group: Any, bucket: Any) -> torch.futures.F
 
     DDP's built-in reducer folds the division by the world size into its copy of the gradients
     into the bucket; PyTorch's reference ``allreduce_hook`` divides in a pass over the bucket of
-    its own, which on an H200 cost 1.3 % of a 17 ms step with 268 MB of gradients. NCCL's
-    ``AVG`` pre-multiplies each input by 1/world inside the collective, as that hook's division
-    does before its sum (no overflow in fp16), and costs no pass of its own.
+    its own (on an H200, 0.13 % of a 17 ms step with 268 MB of gradients: timing through that hook
+    cost 1.35 % of the step, through this one 1.22 %). NCCL's ``AVG`` pre-multiplies each input by
+    1/world inside the collective, as that hook's division does before its sum (no overflow in
+    fp16), and costs no pass of its own.
     """
     import torch.distributed as dist
 
