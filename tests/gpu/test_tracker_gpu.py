@@ -140,9 +140,9 @@ def test_the_timed_all_reduce_averages_inside_nccl(tmp_path: Path, monkeypatch: 
 
     from gpuidle.live.tracker import ddp
 
-    calls: list[int] = []
-    averaging = ddp.averaging_allreduce_hook
-    monkeypatch.setattr(ddp, "averaging_allreduce_hook", lambda g, b: (calls.append(1), averaging(g, b))[1])
+    chosen: list[bool] = []
+    timed_allreduce = ddp.timed_allreduce
+    monkeypatch.setattr(ddp, "timed_allreduce", lambda nccl, *a: (chosen.append(nccl), timed_allreduce(nccl, *a))[1])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
@@ -167,7 +167,7 @@ def test_the_timed_all_reduce_averages_inside_nccl(tmp_path: Path, monkeypatch: 
             plain(x).square().mean().backward()
         for a, b in zip(plain.parameters(), timed.parameters(), strict=True):
             torch.testing.assert_close(a.grad, b.grad)
-        assert len(calls) >= 3
+        assert chosen == [True]
         rows = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
         steps = [r for r in rows if r["type"] == "step"]
         assert len(steps) == 3
