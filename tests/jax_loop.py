@@ -1,11 +1,11 @@
 """A small JAX training loop under ``gpuidle.jax.StepTracker``, run as a script by the tests.
 
-    python tests/jax_loop.py OUT_DIR MODE [STEPS]     # MODE: data, sync, hostwork, light, slow
+    python tests/jax_loop.py OUT_DIR MODE [STEPS]     # MODE: data, sync, hostwork, hostbound, light, slow
 Rank and world size come from GPUIDLE_RANK / GPUIDLE_WORLD_SIZE (independent processes writing
 their rank logs to one folder); with GPUIDLE_JAX_COORDINATOR=HOST:PORT the processes are connected by
 ``jax.distributed`` (CPU collectives over gloo) and the tracker exchanges its steps through JAX.
 Prints one JSON line: what the loop did, timed by itself
-(``loop_s``: the steps alone, without ``close``).
+(``loop_s``: the steps alone, without ``close``; ``sync_s``: of that, the time in ``float(loss)``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ SLOW_DELAY_S = 0.04
 """A rank whose data is slow enough to stand out however loaded the machine is."""
 HOST_WORK_S = 0.002
 """Less than the step's device work: the sync, not the host, is what leaves the device idle."""
+HOST_BOUND_WORK_S = 0.008
+"""More than the step's device work (``hostbound``): without the sync the host still sets the pace."""
+
+
+SYNC_MODES = ("sync", "hostwork", "hostbound")
 
 
 @jax.jit
@@ -54,7 +59,7 @@ def main() -> None:
     # the sync modes' steps are longer on the device than the host work the loop does between them (a GPU needs
     # a wider model for that)
     dim = 256 if jax.default_backend() == "cpu" else 4096
-    w, x = jnp.full((dim, dim), 0.01), jnp.ones((4 * dim if mode in ("sync", "hostwork") else dim // 2, dim))
+    w, x = jnp.full((dim, dim), 0.01), jnp.ones((4 * dim if mode in SYNC_MODES else dim // 2, dim))
     w, loss = train_step(w, x)
     loss.block_until_ready()
     # the loop's own device time per step, measured synchronously beforehand (the reference)
@@ -67,18 +72,24 @@ def main() -> None:
         StepTracker(out, rank=rank, world_size=world, every=20, ledger=False, log=lambda line: None)
     t0 = time.perf_counter()
     delay = {"data": DATA_DELAY_S, "light": LIGHT_DELAY_S, "slow": SLOW_DELAY_S}.get(mode, 0.0)
+    sync_s = 0.0
     for batch in tracker.loader(batches(steps, delay, x)):
         with tracker.phase("train_step"):
             w, loss = train_step(w, batch)
-        if mode == "sync":
+        if mode in ("sync", "hostbound"):
+            s0 = time.perf_counter()
             float(loss)
+            sync_s += time.perf_counter() - s0
         if mode in ("sync", "hostwork"):  # hostwork: the same host work without the sync (the sync fix's after-state)
             time.sleep(HOST_WORK_S)
+        elif mode == "hostbound":
+            time.sleep(HOST_BOUND_WORK_S)
         tracker.step(loss)
     loss.block_until_ready()
     loop_s = time.perf_counter() - t0
     tracker.close()
-    print(json.dumps({"wall_s": time.perf_counter() - t0, "loop_s": loop_s, "compute_s": compute_s, "steps": steps}))
+    print(json.dumps({"wall_s": time.perf_counter() - t0, "loop_s": loop_s, "compute_s": compute_s, "steps": steps,
+                      "sync_s": sync_s}))
 
 
 if __name__ == "__main__":

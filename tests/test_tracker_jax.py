@@ -48,7 +48,7 @@ def shares(report: AnalysisReport, rank: int = 0) -> dict[str, float]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[AnalysisReport, dict[str, float]]]:
     base = tmp_path_factory.mktemp("jax")
     out = {}
-    for mode in ("data", "sync", "hostwork"):
+    for mode in ("data", "sync", "hostwork", "hostbound"):
         truth = run_loop(base / mode, mode)
         out[mode] = (analyze_tracker([base / mode]), truth)
     return out
@@ -84,16 +84,33 @@ def test_float_loss_every_step_is_host_sync(runs: dict[str, tuple[AnalysisReport
     assert "float(" in rec.fix
     assert "torch" not in rec.fix
     assert report.ranks[0].kernels.syncs_per_step >= 1.0
-    # the sync fix's after-state, measured: the same loop and host work without the sync. Without it the host's
-    # own work comes earlier by the time it was blocked; it does not vanish (it is the idle beyond)
+    # without the sync the host's own work comes earlier by the time it was blocked; it does not vanish: the
+    # step after the fix is no shorter than the loop's time outside float(loss), timed by the loop itself
     fix = next(r for r in report.recommendations if r.id == "remove_host_sync")
+    truth = runs["sync"][1]
+    before = truth["loop_s"] / truth["steps"]
+    host_own = (truth["loop_s"] - truth["sync_s"]) / truth["steps"]
+    predicted = fix.gain.step_s_after
+    assert predicted is not None
+    assert 0.95 * host_own <= predicted < before, (predicted, host_own, before)
+    # the sync fix's after-state, measured: the same loop and host work without the sync. On a GPU within 15 %.
+    # On the CPU backend the "device" is the host's own two cores: without the sync, dispatch and the host's
+    # work share them with XLA's compute threads, whose steps then run 5-40 % slower than the sync run measured
     after = runs["hostwork"][1]["loop_s"] / runs["hostwork"][1]["steps"]
-    before = runs["sync"][1]["loop_s"] / runs["sync"][1]["steps"]
-    assert fix.gain.step_s_after is not None
-    # on the CPU backend the "device" is the host's own cores: without the sync, dispatch and the host's work
-    # share them with XLA's compute threads, whose steps then run ~10 % slower than the sync run measured
-    tolerance = 0.15 if os.environ.get("GPUIDLE_JAX_PLATFORMS", "cpu") != "cpu" else 0.25
-    assert abs(fix.gain.step_s_after - after) <= tolerance * after, (fix.gain.step_s_after, after, before)
+    tolerance = 0.15 if os.environ.get("GPUIDLE_JAX_PLATFORMS", "cpu") != "cpu" else 0.5
+    assert abs(predicted - after) <= tolerance * after, (predicted, after, before)
+
+
+def test_a_sync_fix_never_promises_the_hosts_own_work(runs: dict[str, tuple[AnalysisReport, dict]]) -> None:
+    """``float(loss)`` every step, then host work longer than the device's step: removing the sync gives back
+    only the time the host was blocked in it, never the host's own work (once promised: 7.01 → 0.87 ms)."""
+    report, truth = runs["hostbound"]
+    host_own = (truth["loop_s"] - truth["sync_s"]) / truth["steps"]
+    before = truth["loop_s"] / truth["steps"]
+    fix = next((r for r in report.recommendations if r.id == "remove_host_sync"), None)
+    predicted = fix.gain.step_s_after if fix is not None else before
+    assert predicted is not None
+    assert 0.95 * host_own <= predicted <= before, (predicted, host_own, before)
 
 
 def test_two_processes_give_one_job_view_with_the_slow_rank_named(tmp_path: Path) -> None:
