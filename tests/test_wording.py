@@ -193,18 +193,31 @@ def test_the_cuda_graph_fix_fits_how_the_program_runs(tmp_path: Path, case: str)
         assert "torch.compile" not in rec.fix
 
 
-def test_an_engine_replaying_graphs_gets_no_graph_fix(tmp_path: Path) -> None:
-    """vLLM already replays CUDA graphs: nothing of this kind is left to advise; the batch fix takes the idle."""
-    report = launch_bound(tmp_path, "vllm::unified_attention", "void vllm::rms_norm_kernel<c10::BFloat16>",
-                          "cudaGraphLaunch")
+ENGINE_BATCH_CASES = {
+    "vllm": ("vllm::unified_attention", "Tiny kernels starve the GPU: let vLLM batch more sequences per step",
+             "vllm serve MODEL --max-num-seqs N --max-num-batched-tokens T"),
+    "sglang": ("sglang::inplace_fused_experts", "Tiny kernels starve the GPU: let SGLang run more requests per step",
+               "python -m sglang.launch_server --model-path MODEL --max-running-requests N --cuda-graph-max-bs N"),
+}
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINE_BATCH_CASES))
+def test_an_engine_replaying_graphs_gets_its_own_batch_fix(tmp_path: Path, engine: str) -> None:
+    """The engine already replays CUDA graphs: nothing of this kind is left to advise; the batch fix takes the
+    idle, written as the engine's scheduler limits (a serving engine owns the model's call: no torch.cat)."""
+    op, title, says = ENGINE_BATCH_CASES[engine]
+    report = launch_bound(tmp_path, op, ELEMENTWISE, "cudaGraphLaunch")
     w = report.ranks[0].workload
     assert w is not None
-    assert (w.execution, w.engine) == ("cuda_graphs", "vllm")
+    assert (w.execution, w.engine) == ("cuda_graphs", engine)
     recs = by_id(report)
     assert "cuda_graphs" not in recs
     batch = recs["larger_batch"]
     assert batch.alternative_to is None
-    assert batch.title == "Tiny kernels starve the GPU: serve more requests per forward pass (a larger batch)"
+    assert batch.title == title
+    assert batch.fix.startswith(says)
+    assert "torch" not in batch.fix
+    assert "model(" not in batch.fix
 
 
 @pytest.mark.parametrize(("training", "script"), [(False, "serve.py"), (True, "train.py")])
@@ -217,7 +230,7 @@ def test_the_program_named_is_the_one_that_runs(tmp_path: Path, training: bool, 
     assert ("train.py" in fix) is training
 
 
-def serving_step(tmp_path: Path, training: bool) -> AnalysisReport:
+def serving_step(tmp_path: Path, training: bool, engine: str | None = None) -> AnalysisReport:
     """Per 2000 µs step: the GEMM's operator dispatches and launches it over [0, 15) (launch overhead), the fp32
     GEMM runs [15, 815); [815, 820) nothing; ``.item()`` [820, 1120) waits on a synchronize (host sync); Python
     post-processing [1120, 1520) launches nothing (host work); nothing recorded from 1520 to 2000."""
@@ -225,7 +238,7 @@ def serving_step(tmp_path: Path, training: bool) -> AnalysisReport:
     for n in range(4):
         base = n * 2000
         t.step(n + 1, base, 2000)
-        t.op("aten::mm", base, 20)
+        t.op(f"{engine}::model_runner" if engine else "aten::mm", base, 20)
         t.launch(at=base + 5, call_dur=10, start=base + 15, dur=800, name="volta_sgemm_128x64_nn")
         if training:
             t.op(BACKWARD, base + 100, 10)                              # inside the GEMM: no idle changes
@@ -252,6 +265,20 @@ def test_inference_gets_inference_snippets(tmp_path: Path) -> None:
     assert "    for batch in requests:\n        model(batch)\n" in recs["record_cpu_activity"].fix
     for rec in report.recommendations:
         assert [w for w in TRAINING_WORDS if w in rec.fix.lower()] == [], rec.id
+
+
+@pytest.mark.parametrize(("engine", "fix"), [
+    ("vllm", 'vllm serve MODEL --dtype float16   # offline: LLM(model=model_name, dtype="float16")'),
+    ("sglang", "python -m sglang.launch_server --model-path MODEL --dtype float16"),
+])
+def test_an_engine_runs_in_16_bits_by_its_dtype(tmp_path: Path, engine: str, fix: str) -> None:
+    """fp32 GEMMs in a serving engine: the engine loads and runs the model in the dtype it is given (fp16 on a
+    V100, which has no bf16 matrix units); no autocast around a model call the engine owns."""
+    report = serving_step(tmp_path, training=False, engine=engine)
+    amp = by_id(report)["mixed_precision"]
+    assert amp.title == "GEMMs/convolutions run in fp32: load the model in 16 bits"
+    assert amp.fix == fix
+    assert amp.gain.basis == "modelled"
 
 
 def test_training_keeps_the_training_snippets(tmp_path: Path) -> None:

@@ -231,6 +231,36 @@ def graph_fix(workload: Workload | None) -> tuple[str, str] | None:
     return title, fix.replace("{script}", "serve.py" if workload.mode == "inference" else "train.py")
 
 
+ENGINE_BATCH: dict[str, tuple[str, str]] = {
+    "vllm": (
+        "Tiny kernels starve the GPU: let vLLM batch more sequences per step",
+        "vllm serve MODEL --max-num-seqs N --max-num-batched-tokens T   # N, T: about twice the values in use now\n"
+        "# offline: LLM(model=model_name, max_num_seqs=N, max_num_batched_tokens=T)\n"
+        "# the KV cache must hold them (--gpu-memory-utilization), and enough requests must be in flight"),
+    "sglang": (
+        "Tiny kernels starve the GPU: let SGLang run more requests per step",
+        "python -m sglang.launch_server --model-path MODEL --max-running-requests N --cuda-graph-max-bs N\n"
+        "# N: about twice the batch in use now; the KV cache must hold them (--mem-fraction-static),\n"
+        "# and enough requests must be in flight"),
+}
+"""The larger-batch fix of a serving engine: its scheduler's limits, not the model's call."""
+ENGINE_PRECISION: dict[str, str] = {
+    "vllm": 'vllm serve MODEL --dtype {dtype}   # offline: LLM(model=model_name, dtype="{dtype}")',
+    "sglang": "python -m sglang.launch_server --model-path MODEL --dtype {dtype}",
+}
+"""The mixed-precision fix of a serving engine: the dtype it loads and runs the model in ({dtype}: the one the
+device's matrix units take)."""
+
+
+def engine_batch(workload: Workload | None) -> tuple[str, str] | None:
+    return ENGINE_BATCH.get(workload.engine) if workload is not None and workload.engine else None
+
+
+def engine_precision(workload: Workload | None, dtype: str) -> str | None:
+    fix = ENGINE_PRECISION.get(workload.engine) if workload is not None and workload.engine else None
+    return fix.replace("{dtype}", dtype) if fix is not None else None
+
+
 WORDINGS: dict[str, dict[str, Wording | None]] = {"tensorflow": TENSORFLOW, "jax": JAX}
 """Per framework, per rule id; a framework absent here (PyTorch) keeps the rules' own texts."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuidle.advice.comm_rules import exposed_communication
-from gpuidle.advice.frameworks import graph_fix
+from gpuidle.advice.frameworks import engine_batch, engine_precision, graph_fix
 from gpuidle.advice.hardware import UNKNOWN, amp_snippet, hardware
 from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _ms, removes, removes_between
 from gpuidle.advice.whatif import Effect, Proposal, excess, placeholder, rank_state
@@ -148,7 +148,10 @@ def larger_batch(x: RuleInput) -> list[Proposal]:
     starved = x.share(Cause.LAUNCH_OVERHEAD) + x.share(Cause.CPU_COMPUTE)
     if k.short_kernel_share < 0.5 or starved < 0.2:
         return []
-    if x.inference:
+    engine = engine_batch(x.report.workload)
+    if engine is not None:
+        title, fix = engine
+    elif x.inference:
         title = "Tiny kernels starve the GPU: serve more requests per forward pass (a larger batch)"
         fix = ("# batch requests together: twice the rows per forward pass, the same launches\n"
                "outputs = model(torch.cat(requests))      # or raise the server's max batch size")
@@ -218,9 +221,12 @@ def mixed_precision(x: RuleInput) -> list[Proposal]:
             "; hardware unknown: precision advice assumes a tensor-core GPU" if hw.platform == UNKNOWN else
             f"; the trace records no compute capability: {units} assumed" if hw.tensor_cores is None else "")
         effect = removes_between(1 - 1 / AMP_SPEEDUP_LOW, 1 - 1 / AMP_SPEEDUP_HIGH, busy=fp32_gemm_s)
+    engine = engine_precision(x.report.workload, "bfloat16" if hw.bf16 or hw.platform == UNKNOWN else "float16")
+    title = "GEMMs/convolutions run in fp32: " + ("load the model in 16 bits" if engine else
+                                                  "use mixed precision (torch.autocast)")
     return [x.rec(
-        "mixed_precision", COMPUTE, "GEMMs/convolutions run in fp32: use mixed precision (torch.autocast)",
-        evidence, amp_snippet(hw, x.inference), effect, confidence="medium" if hw.tensor_cores else "low",
+        "mixed_precision", COMPUTE, title, evidence, engine or amp_snippet(hw, x.inference), effect,
+        confidence="medium" if hw.tensor_cores else "low",
     )]
 
 
