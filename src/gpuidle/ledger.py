@@ -273,9 +273,19 @@ class Ledger:
                               "record one run with write access to upgrade it")
 
     def _identity(self) -> tuple[int, int, int]:
-        app_id = self._db.execute("PRAGMA application_id").fetchone()[0]
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        tables = self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        """Application id, schema version and table count, read in one transaction: read one by one, another
+        process creating the ledger between two reads made a new ledger look like a foreign database."""
+        db = self._db
+        own = not db.in_transaction
+        if own:
+            db.execute("BEGIN")
+        try:
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        finally:
+            if own:
+                db.execute("COMMIT")
         return int(app_id), int(version), int(tables)
 
     def _check(self, app_id: int, version: int, tables: int) -> None:
