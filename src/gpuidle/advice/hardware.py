@@ -114,9 +114,14 @@ def hardware(d: DeviceReport) -> Hardware:
     return Hardware(CUDA if (d.name or cap) else UNKNOWN, d.name, cap)
 
 
+def amp_dtype(hw: Hardware) -> str:
+    """The 16-bit type the device's matrix units take: bfloat16 where they have it (or the device is unknown)."""
+    return "bfloat16" if hw.bf16 or hw.platform == UNKNOWN else "float16"
+
+
 def amp_snippet(hw: Hardware, inference: bool = False) -> str:
     """The autocast fix that fits the device; for inference, no scaler and no backward."""
-    dtype = "bfloat16" if hw.bf16 or hw.platform == UNKNOWN else "float16"
+    dtype = amp_dtype(hw)
     if inference:
         return (f"with torch.inference_mode(), torch.autocast(device_type=\"cuda\", dtype=torch.{dtype}):   # "
                 f"{hw.label}\n"

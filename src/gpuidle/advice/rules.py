@@ -16,7 +16,7 @@ import numpy as np
 
 from gpuidle.advice.comm_rules import exposed_communication
 from gpuidle.advice.frameworks import engine_batch, engine_precision, graph_fix
-from gpuidle.advice.hardware import UNKNOWN, amp_snippet, hardware
+from gpuidle.advice.hardware import UNKNOWN, amp_dtype, amp_snippet, hardware
 from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _ms, removes, removes_between
 from gpuidle.advice.whatif import Effect, Proposal, excess, placeholder, rank_state
 from gpuidle.analysis.steps import counted
@@ -221,7 +221,7 @@ def mixed_precision(x: RuleInput) -> list[Proposal]:
             "; hardware unknown: precision advice assumes a tensor-core GPU" if hw.platform == UNKNOWN else
             f"; the trace records no compute capability: {units} assumed" if hw.tensor_cores is None else "")
         effect = removes_between(1 - 1 / AMP_SPEEDUP_LOW, 1 - 1 / AMP_SPEEDUP_HIGH, busy=fp32_gemm_s)
-    engine = engine_precision(x.report.workload, "bfloat16" if hw.bf16 or hw.platform == UNKNOWN else "float16")
+    engine = engine_precision(x.report.workload, amp_dtype(hw))
     title = "GEMMs/convolutions run in fp32: " + ("load the model in 16 bits" if engine else
                                                   "use mixed precision (torch.autocast)")
     return [x.rec(

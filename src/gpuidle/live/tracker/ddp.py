@@ -46,27 +46,30 @@ class BucketSink:
 
 
 def timed_hook(
-    hook: Callable[..., torch.futures.Future[torch.Tensor]],
+    hook: Callable[..., torch.futures.Future[Any]],
     ready: Callable[[torch.Tensor], list[Any] | None],
     done: Callable[[list[Any]], None],
+    unwrap: bool = False,
 ) -> Callable[..., torch.futures.Future[torch.Tensor]]:
     """``hook`` wrapped so that each bucket is marked when it is handed over and when its future completes.
 
     For CUDA tensors the ``then`` callback runs on streams that wait for the communication,
     so a device marker recorded there completes with it. When ``ready`` returns None the
-    bucket passes straight through, with no callback added.
+    bucket passes straight through, with no callback added. ``unwrap``: ``hook``'s future holds
+    a collective's list of one tensor, which the same callback hands on as DDP expects it.
     """
 
     # No annotations: DDP compares them by identity, and here they would be strings.
     def gpuidle_timed_hook(state, bucket):  # type: ignore[no-untyped-def]
         entry = ready(bucket.buffer())
         fut = hook(state, bucket)
-        if entry is None:
+        if entry is None and not unwrap:
             return fut
 
         def finished(f):  # type: ignore[no-untyped-def]
-            done(entry)
-            return f.value()
+            if entry is not None:
+                done(entry)
+            return f.value()[0] if unwrap else f.value()
 
         return fut.then(finished)
 
@@ -78,7 +81,7 @@ def timed_allreduce(
     ready: Callable[[torch.Tensor], list[Any] | None],
     done: Callable[[list[Any]], None],
 ) -> Callable[..., torch.futures.Future[torch.Tensor]]:
-    """DDP's own all-reduce (the gradients' mean), its buckets marked as :func:`timed_hook` marks them.
+    """DDP's own all-reduce (the gradients' mean), its buckets marked by :func:`timed_hook`.
 
     One ``then`` callback unwraps the result and places the *done* marker: PyTorch's reference
     ``allreduce_hook`` wrapped by :func:`timed_hook` chains two, and each ``then`` on a CUDA future
@@ -92,24 +95,15 @@ def timed_allreduce(
     """
     import torch.distributed as dist
 
-    def gpuidle_allreduce_hook(process_group, bucket):  # type: ignore[no-untyped-def]  # DDP compares annotations
+    def allreduce(process_group, bucket):  # type: ignore[no-untyped-def]
         tensor = bucket.buffer()
-        entry = ready(tensor)
         group = process_group if process_group is not None else dist.group.WORLD
         if average_in_nccl:
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.AVG, group=group, async_op=True)
-        else:
-            tensor.div_(dist.get_world_size(group))
-            work = dist.all_reduce(tensor, group=group, async_op=True)
+            return dist.all_reduce(tensor, op=dist.ReduceOp.AVG, group=group, async_op=True).get_future()
+        tensor.div_(dist.get_world_size(group))
+        return dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
-        def finished(f):  # type: ignore[no-untyped-def]
-            if entry is not None:
-                done(entry)
-            return f.value()[0]
-
-        return work.get_future().then(finished)
-
-    return gpuidle_allreduce_hook
+    return timed_hook(allreduce, ready, done, unwrap=True)
 
 
 def register(model: torch.nn.Module, sink: BucketSink, state: object = None,
