@@ -16,7 +16,7 @@ jax = pytest.importorskip("jax")
 
 from gpuidle.api import analyze_tracker  # noqa: E402
 from gpuidle.errors import GpuidleError  # noqa: E402
-from gpuidle.live.tracker.jax_tracker import StepTracker, overlap  # noqa: E402
+from gpuidle.live.tracker.jax_tracker import HostStep, StepTracker, overlap  # noqa: E402
 from gpuidle.model import TRACKER_SUMMARY, AnalysisReport  # noqa: E402
 from gpuidle.sources.tracker import read_summary  # noqa: E402
 
@@ -158,6 +158,45 @@ def test_processes_jax_connects_exchange_their_steps(tmp_path: Path) -> None:
     assert straggler.rank == 1
     assert straggler.cause == "data_loading"
     assert sorted(r.rank for r in summary.ranks) == [0, 1]
+
+
+MS = 1_000_000
+
+
+def scheduled(out: Path, wait: int, dispatch: int, after: int, device: int, steps: int = 200) -> AnalysisReport:
+    """The tracker's report on a loop run to a schedule (host clock, ns): each step waits ``wait`` in the loader,
+    dispatches for ``dispatch`` in its phase, then does ``after`` of its own work; the device runs ``device`` a step
+    from the later of the dispatch's return and the previous step's end. The watcher's stamps are the device's ends."""
+    tracker = StepTracker(out, ledger=False, log=lambda line: None, watch_syncs=False, every=10 ** 6)
+    t = done = 10 * MS
+    for k in range(steps):
+        launched = t + wait + dispatch
+        done = max(done, launched) + device
+        rec = HostStep(index=k, data=[(t, t + wait)], host={"train_step": dispatch}, dispatch=t + wait,
+                       launched=launched, end=launched + after, batches=1, samples=1, stamp=done)
+        tracker._pending.append(rec)
+        t = launched + after
+    tracker._step = steps
+    report = tracker.close()
+    assert report is not None
+    return report
+
+
+@pytest.mark.parametrize("device_ms", [3.0, 1.5, 0.5])
+def test_the_data_fix_promises_what_the_loop_without_the_wait_measures(tmp_path: Path, device_ms: float) -> None:
+    """10 ms in the loader, 1 ms of dispatch, 1 ms of host work after it. With 3 and 1.5 ms of device work a step
+    the device, longer than that host work, runs dry inside the next wait, and the dispatch after the wait lies in
+    its idle: the wait delayed it. A rule that charged the loader only its own overlap left the dispatch
+    unattributed and promised 4.0 and 2.5 ms a step for the loop that, run without the wait, measures 3.0 and
+    2.0 ms. With 0.5 ms the host sets the pace without the wait, and the data fix gives back the wait alone."""
+    device = int(device_ms * MS)
+    fix = next(r for r in scheduled(tmp_path / "before", wait=10 * MS, dispatch=MS, after=MS, device=device)
+               .recommendations if r.cause == "data_loading")
+    measured = scheduled(tmp_path / "after", wait=0, dispatch=MS, after=MS, device=device)
+    assert fix.gain.basis == "measured"
+    steps = measured.ranks[0].steps[1:]  # the first step waits for the device to start: not steady state
+    assert fix.gain.step_s_after == pytest.approx(sum(s.dur_s for s in steps) / len(steps), rel=0.01)
+    assert fix.gain.step_s_after == pytest.approx(max(device_ms, 2.0) / 1000, rel=0.01)
 
 
 def test_overlap_of_a_gap_with_the_loops_spans() -> None:

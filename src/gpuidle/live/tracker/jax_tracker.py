@@ -12,12 +12,13 @@ was queued (the return of its first phase, the dispatch, or a sync inside that p
 arrival of its batch): a dispatch into an idle device is idle, which on an H200 was 0.3 ms a
 step. What lies between is the device's idle, split by what the host was doing then:
 
-- ``data_loading``: the host was in the loader's ``next()``;
+- ``data_loading``: the host was in the loader's ``next()``, or had been blocked in it when the
+  device ran dry, so the dispatch after the batch came late: as much of the idle as the host
+  spent blocked since the previous step began (without the wait its own work would have come
+  that much earlier; the idle beyond is that work, which a loop whose host outruns its device
+  cannot hide);
 - ``host_sync``: the host was in a sync (``float(loss)``, ``block_until_ready``, printing an
-  array: :mod:`.jax_syncs`), or had been blocked in one when the device ran dry, so it could
-  not prepare the next step ahead: as much of the idle as the host spent blocked since the
-  previous step began (without the sync its own work would have come that much earlier; the
-  idle beyond is that work, which a loop whose host outruns its device cannot hide);
+  array: :mod:`.jax_syncs`), or had been blocked in one when the device ran dry: the same rule;
 - ``unattributed``: the rest (Python between steps, dispatch, the host's own work).
 
 The stamp is taken once the watcher holds the GIL again: up to the interpreter's switch
@@ -343,13 +344,17 @@ class StepTracker(TrackerBase):
         queued = min([rec.launched if rec.launched is not None else dispatch,
                       *(a for a, _ in rec.syncs if a >= dispatch)])
         begin = min(max(start, queued), done)
-        data = overlap(start, begin, [*self._last.data, *rec.data])
+        waits = [*self._last.data, *rec.data]
         syncs = [*self._last.syncs, *rec.syncs]
-        sync = overlap(start, begin, syncs)
-        if any(a <= prev_done <= e for a, e in syncs):  # the host was blocked in a sync when the device ran dry
-            # without the syncs the host's own work would have come that much earlier: the idle beyond is that work's
-            blocked = overlap(self._last_begin if self._last_begin is not None else start, begin, syncs)
-            sync = min(begin - start - data, blocked)
+        data, sync = overlap(start, begin, waits), overlap(start, begin, syncs)
+        # the host was blocked (in the loader or a sync) when the device ran dry: without the block its own work
+        # (the dispatch after it) would have come that much earlier, so the idle up to the time it was blocked
+        # since the previous step began is the block's; the idle beyond is the host's own work
+        since = self._last_begin if self._last_begin is not None else start
+        if any(a <= prev_done <= e for a, e in waits):
+            data = min(begin - start - sync, overlap(since, begin, waits))
+        elif any(a <= prev_done <= e for a, e in syncs):
+            sync = min(begin - start - data, overlap(since, begin, syncs))
         layout = self._rows_layout
         row = [0.0] * layout.width
         row[0], row[1], row[2], row[3] = rec.index, start - self._t0, done - start, data
