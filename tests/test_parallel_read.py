@@ -54,6 +54,44 @@ def test_every_core_reads_what_one_process_reads(name: str, monkeypatch: pytest.
         assert parallel[key] == value, key
 
 
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each read of the file on every core: True while its cuts are taken on trust."""
+    passes: list[bool] = []
+    read_on = kineto_columns._read_on
+
+    def counted(workers: int, stream: Any, path: str, trusted: bool) -> Any:
+        passes.append(trusted)
+        return read_on(workers, stream, path, trusted)
+
+    monkeypatch.setattr(kineto_columns, "_read_on", counted)
+    return passes
+
+
+def test_a_well_formed_trace_is_read_once_its_cuts_on_trust(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)
+    passes = _reads(monkeypatch)
+    _read(DATA / TRACES[1], 2, monkeypatch)
+    assert passes == [True]
+
+
+@pytest.mark.parametrize("nested", [b'"args": {"nested": [{"a": 1}, {"b": {"c": [2]}}], ',
+                                    b'"args": {"note": "x},  {y}, {z", '])
+def test_cuts_inside_events_are_found_and_the_read_is_a_serial_ones(tmp_path: Path, nested: bytes,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every event's args hold ``}, {`` (in nested objects, or in a string): trusted cuts fall inside events,
+    a worker cannot decode its chunk, and the read starts again checking each cut: the serial read's columns."""
+    text = gzip.decompress((DATA / TRACES[1]).read_bytes())
+    assert text.count(b'"args": {') > 100
+    path = tmp_path / "nested.json.gz"
+    path.write_bytes(gzip.compress(text.replace(b'"args": {', nested)))
+    monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)
+    serial = _read(path, 1, monkeypatch)
+    passes = _reads(monkeypatch)
+    parallel = _read(path, 2, monkeypatch)
+    assert passes == [True, False]
+    assert parallel == serial
+
+
 @pytest.mark.parametrize("damage", ["truncated gzip", "bad byte in the middle", "not closed"])
 def test_damage_reads_the_same_error_on_every_core(tmp_path: Path, damage: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:

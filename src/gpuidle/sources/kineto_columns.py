@@ -2,11 +2,14 @@
 
 The reader's stream (:mod:`gpuidle.sources.jsonstream`) cuts the event list into chunks of a few
 MiB. A small trace's chunks are decoded and turned into columns here, one at a time. A big one's
-are checked here for their syntax only (a scan that creates no objects, and fails exactly where
-the typed decoder would, so a cut inside an event is told apart as before), then decoded and
-turned into columns in worker processes, a few chunks in flight; the columns come back in the
-file's order and are merged: names and threads re-interned, so the ids are those a serial read
-gives. No per-event object crosses a process: only the chunk's text out and its arrays back.
+are only inflated and cut here, then decoded and turned into columns in worker processes, a few
+chunks in flight; the columns come back in the file's order and are merged: names and threads
+re-interned, so the ids are those a serial read gives. No per-event object crosses a process:
+only the chunk's text out and its arrays back. Those cuts are taken on trust (a ``},{`` inside a
+string or a nested object is not an event's end): a chunk that does not decode starts the read
+again with each cut checked here for its syntax (a scan that creates no objects, and fails
+exactly where the typed decoder would), so a cut inside an event, and bad bytes, are found and
+worded as a serial read finds and words them.
 """
 
 from __future__ import annotations
@@ -362,23 +365,47 @@ def _checked(text: bytes) -> bytes:
     return text
 
 
+def _unchecked(text: bytes) -> bytes:
+    return text
+
+
+class _Recheck(Exception):
+    """A worker could not decode its chunk: a cut inside an event, or bad bytes. Read again, checking each cut."""
+
+
 def read_columns(path: str, progress: Callable[[int, int], None] | None = None) -> tuple[Columns, dict[str, Any]]:
-    """Every chunk's columns, merged in the file's order, and the file's header."""
+    """Every chunk's columns, merged in the file's order, and the file's header.
+
+    On every core the cuts are first taken on trust: this process only inflates and cuts, and the workers decode.
+    A chunk a worker cannot decode (its cut fell inside an event, or the file is damaged) sends the read back to
+    the start with every cut checked here before it is sent: the reading, cuts and errors of a serial read.
+    """
     workers = read_workers(path)
-    cols = Columns()
     if workers == 1:
         stream: TraceStream[Any] = TraceStream(path, decode_chunk, progress)
+        cols = Columns()
         for events in stream:
             cols.add(events)
         return cols, stream.header
-    stream = TraceStream(path, _checked, progress)
-    for part in _in_order(stream, workers, path):
+    try:
+        return _read_on(workers, TraceStream(path, _unchecked, progress), path, trusted=True)
+    except _Recheck:
+        return _read_on(workers, TraceStream(path, _checked, progress), path, trusted=False)
+
+
+def _read_on(workers: int, stream: TraceStream[bytes], path: str, trusted: bool) -> tuple[Columns, dict[str, Any]]:
+    cols = Columns()
+    for part in _in_order(stream, workers, path, trusted):
         cols.merge(part)
     return cols, stream.header
 
 
-def _in_order(texts: Iterable[bytes], workers: int, path: str) -> Iterator[Columns]:
-    """The chunks' columns from a pool of ``workers`` processes, two chunks in flight per worker."""
+def _in_order(texts: Iterable[bytes], workers: int, path: str, trusted: bool) -> Iterator[Columns]:
+    """The chunks' columns from a pool of ``workers`` processes, two chunks in flight per worker.
+
+    ``trusted``: the chunks' cuts were not checked; a chunk that does not decode raises :class:`_Recheck`, and so
+    does an error of the stream itself while a chunk before it does not decode (the serial read meets that first).
+    """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -387,19 +414,26 @@ def _in_order(texts: Iterable[bytes], workers: int, path: str) -> Iterator[Colum
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
     pending: deque[Future[Columns]] = deque()
     try:
-        for text in texts:
-            pending.append(pool.submit(columns_of, text))
-            if len(pending) >= 2 * workers:
-                yield _result(pending.popleft(), path)
+        try:
+            for text in texts:
+                pending.append(pool.submit(columns_of, text))
+                if len(pending) >= 2 * workers:
+                    yield _result(pending.popleft(), path, trusted)
+        except GpuidleError:
+            for future in pending:  # an earlier chunk's own error comes first in the file
+                _result(future, path, trusted)
+            raise
         while pending:
-            yield _result(pending.popleft(), path)
+            yield _result(pending.popleft(), path, trusted)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _result(future: Future[Columns], path: str) -> Columns:
+def _result(future: Future[Columns], path: str, trusted: bool) -> Columns:
     try:
         return future.result()
     except (msgspec.DecodeError, RecursionError) as err:
+        if trusted:
+            raise _Recheck from None
         raise CorruptInput(f"{path}: invalid JSON in the event list ({err})",
                            "the file is damaged or truncated") from None
