@@ -17,7 +17,8 @@ Linux carries it over ``exec`` from the process that forked the child, so it rea
 least the launcher's RSS), ``children_maxrss`` (largest ``ru_maxrss`` among its
 finished child processes, bytes; 0 if none), ``base_rss`` (RSS after the imports,
 bytes), ``work_cpu_s`` (CPU time of the work in this process: less disturbed than
-``work_s`` when other jobs share the cores), plus tool-specific counts.
+``work_s`` when other jobs share the cores), ``children_cpu_s`` (gpuidle: the CPU time of the worker
+processes that decoded the trace), plus tool-specific counts.
 """
 
 from __future__ import annotations
@@ -82,8 +83,10 @@ def _gpuidle(path: str, extra: list[str], expect: int = 0) -> tuple[float, float
     t2 = time.perf_counter()
     if rc != expect:
         raise SystemExit(f"gpuidle analyze exited {rc}, not {expect}")
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the reader's worker processes, reaped by now
     return t1 - t0, t2 - t1, {"base_rss": base, "gpuidle_from": os.path.dirname(gpuidle.__file__),
-                              "work_cpu_s": time.process_time() - c1}
+                              "work_cpu_s": time.process_time() - c1,
+                              "children_cpu_s": children.ru_utime + children.ru_stime}
 
 
 def _hta(trace_dir: str) -> tuple[float, float, dict[str, object]]:
