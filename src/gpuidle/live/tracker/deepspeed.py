@@ -1,17 +1,29 @@
 """A DeepSpeed engine's communication, as far as the tracker can time it without stalls.
 
-Written against DeepSpeed's documented engine API (``deepspeed.initialize`` returns a
-``DeepSpeedEngine``: ``engine.module`` is the wrapped model, ``engine.zero_optimization_stage()``
-the ZeRO stage); DeepSpeed is imported by nobody here, so the tracker runs where it is not installed.
-Under ZeRO-3 every submodule with partitioned parameters (``ds_id`` on its parameters) fetches them
-in DeepSpeed's own pre-forward and pre-backward hooks; the tracker brackets those hooks as it does
-FSDP2's (:func:`.fsdp.bracket`): the time between its two hooks is the wait for the all-gather.
-DeepSpeed runs its collectives through ``deepspeed.comm``, which takes no hook: their own time and
-ZeRO-1/2's gradient reduction inside the engine's backward are not timed (a note says so).
+Written against DeepSpeed's engine API (``deepspeed.initialize`` returns a ``DeepSpeedEngine``:
+``engine.module`` is the wrapped model, ``engine.zero_optimization_stage()`` the ZeRO stage) and
+checked on DeepSpeed 0.19 (CPU accelerator, gloo, two processes: ``tests/test_tracker_deepspeed.py``);
+DeepSpeed is imported by nobody here, so the tracker runs where it is not installed.
+
+- **Collectives.** Every ZeRO stage reduces gradients, and ZeRO-3 gathers parameters, through
+  ``deepspeed.comm``, whose functions call one backend object (``deepspeed.comm.comm.cdb``). The
+  tracker wraps that object's collectives, marking each when it is issued and when it is done, as
+  the DDP hook marks buckets (:mod:`.ddp`). A collective called without ``async_op`` on the compute
+  stream (any, on a CPU) holds the training until it is done: all of its time is exposed. One
+  issued with ``async_op`` runs beside the training: the time after the last one was issued is
+  exposed (the wait at the end of backward, as for DDP's last bucket).
+- **ZeRO-3's parameter fetch.** Every submodule with partitioned parameters (``ds_id`` on its
+  parameters) fetches them in DeepSpeed's own pre-forward and pre-backward hooks; the tracker
+  brackets those hooks as it does FSDP2's (:func:`.fsdp.bracket`): the time between its two hooks
+  is exposed.
+
+A rank's wait for a slower one lands in its exposed time, where the exchange across ranks finds it.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,6 +31,12 @@ import torch
 from .clock import DeviceClock
 from .ddp import comm_times
 from .fsdp import WAIT, CommSink, bracket
+
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce_scatter_tensor", "reduce_scatter",
+               "all_gather_into_tensor", "all_gather", "all_to_all_single", "reduce")
+"""The backend's methods that move tensors across ranks (``deepspeed/comm/torch.py``)."""
+BLOCKING, ISSUED = "blocking", "issued"
+"""A collective that holds the training until done; one that runs beside it."""
 
 
 def is_engine(model: object) -> bool:
@@ -37,21 +55,77 @@ def hook_name(engine: Any) -> str:
 
 
 def register(engine: Any, sink: CommSink) -> list[str]:
-    """Bracket ZeRO-3's parameter fetch hooks; return what is not timed."""
-    module: torch.nn.Module = engine.module
-    if stage(engine) != 3:
-        return [f"DeepSpeed ZeRO-{stage(engine)}: the gradient reduction inside the engine's backward is not timed; "
-                "tracker.profile(steps=...) records it"]
-    fetched = [m for m in module.modules() if any(hasattr(p, "ds_id") for p in m.parameters(recurse=False))]
-    for m in fetched:
-        bracket(m, sink)
-    return ["DeepSpeed ZeRO-3: the waits for parameter all-gathers are timed; the collectives' own time and the "
-            "gradient reduce-scatter are not (deepspeed.comm takes no hook)"]
+    """Time the engine's collectives and, under ZeRO-3, its parameter fetches; return what is not timed."""
+    notes = []
+    if not time_collectives(sink):
+        notes.append("DeepSpeed's collectives not timed: deepspeed.comm has no backend object (cdb) to wrap")
+    if stage(engine) == 3:
+        module: torch.nn.Module = engine.module
+        for m in module.modules():
+            if any(hasattr(p, "ds_id") for p in m.parameters(recurse=False)):
+                bracket(m, sink)
+    return notes
+
+
+def time_collectives(sink: CommSink) -> bool:
+    """Wrap the collectives of ``deepspeed.comm``'s backend once per process; they report to ``sink`` from now on."""
+    backend = getattr(sys.modules.get("deepspeed.comm.comm"), "cdb", None)
+    if backend is None:
+        return False
+    backend._gpuidle_sink = sink
+    for name in COLLECTIVES:
+        op = getattr(backend, name, None)
+        if callable(op) and not getattr(op, "_gpuidle_timed", False):
+            setattr(backend, name, _timed(backend, op))
+    return True
+
+
+def _timed(backend: Any, op: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        sink: CommSink = backend._gpuidle_sink
+        issued = bool(kwargs.get("async_op", False))
+        kind = ISSUED if issued or not _on_compute_stream() else BLOCKING
+        entry = sink.start(kind, max(map(_nbytes, (*args, *kwargs.values())), default=0))
+        work = op(*args, **kwargs)
+        if entry is not None:
+            if issued and hasattr(work, "get_future"):
+                work.get_future().then(lambda _: sink.end(entry))
+            else:  # done on the host, or ordered on the current stream: the marker after it waits for it
+                sink.end(entry)
+        return work
+
+    timed._gpuidle_timed = True  # type: ignore[attr-defined]
+    return timed
+
+
+def _on_compute_stream() -> bool:
+    """Without CUDA the host waits; with it, a collective on a side stream (``overlap_comm``) runs beside compute."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return True
+    return bool(torch.cuda.current_stream() == torch.cuda.default_stream())
+
+
+def _nbytes(arg: Any) -> int:
+    if isinstance(arg, torch.Tensor):
+        return arg.numel() * arg.element_size()
+    if isinstance(arg, (list, tuple)):
+        return sum(t.numel() * t.element_size() for t in arg if isinstance(t, torch.Tensor))
+    return 0
 
 
 def summary(clock: DeviceClock, entries: list[list[Any]]) -> tuple[int, int, int, int]:
-    """``(communication, exposed, collectives, bytes)``: only waits are known, so both times are the waits."""
-    waits = [e for e in entries if e[3] == WAIT and e[1] is not None]
-    waited = sum(max(0, clock.elapsed_ns(e[0], e[1])) for e in waits)
-    comm, _ = comm_times(clock, waits)
-    return comm, waited, 0, 0
+    """``(communication, exposed, collectives, bytes)`` of one step: communication is the union of the collectives'
+    spans and the fetch waits (a wait holds a collective and DeepSpeed's work around it); exposed, the union of the
+    fetch waits, the blocking collectives and the issued ones' tail: a part of the communication."""
+    done = [e for e in entries if e[1] is not None]
+    colls = [e for e in done if e[3] != WAIT]
+    comm, _ = comm_times(clock, done)
+    held = [e for e in done if e[3] in (WAIT, BLOCKING)]
+    issued = [e for e in colls if e[3] == ISSUED]
+    if issued:
+        ref = issued[0][0]
+        last = max(issued, key=lambda e: clock.elapsed_ns(ref, e[0]))
+        end = max(issued, key=lambda e: clock.elapsed_ns(ref, e[1]))
+        held.append([last[0], end[1]])
+    exposed, _ = comm_times(clock, held)
+    return comm, exposed, len(colls), sum(int(e[2]) for e in colls)
