@@ -236,3 +236,16 @@ def test_the_fixes_name_the_installed_fsdp2_api() -> None:
     for text in (sharded.FORWARD_PREFETCH, sharded.BACKWARD_PREFETCH, sharded.RESHARD, sharded.MIXED, sharded.HSDP,
                  sharded.UNITS):
         compile(text, "fix", "exec")
+
+
+def test_the_reduce_bucket_config_doubles_the_engines_own() -> None:
+    """Where the tracker read a DeepSpeed engine with ``overlap_comm`` on, its fix is twice the buckets in use."""
+    from gpuidle.advice.sharded import reduce_buckets
+
+    read = reduce_buckets({"reduce_bucket_size": "200000000", "contiguous_gradients": "true"})
+    assert '"reduce_bucket_size": 4e8 ' in read
+    assert "twice the 2e8 in use" in read
+    assert "contiguous_gradients" not in read  # on already
+    default = reduce_buckets({})  # not read: DeepSpeed's default, and contiguous gradients with it
+    assert '"reduce_bucket_size": 1e9,' in default
+    assert '"contiguous_gradients": true' in default

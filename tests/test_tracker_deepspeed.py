@@ -82,3 +82,24 @@ def test_only_deepspeed_fixes_for_its_communication(job: tuple[int, AnalysisRepo
     comm = [r for r in report.recommendations if r.cause == "communication"]
     assert comm
     assert all(r.id.startswith("deepspeed_") for r in comm), [r.id for r in comm]
+
+
+def test_the_fixes_fit_the_engines_settings(job: tuple[int, AnalysisReport]) -> None:
+    """The tracker reads the engine's ZeRO settings: ZeRO-2 runs with ``overlap_comm`` off by default and is told to
+    turn it on; ZeRO-3 has it on by default, so its fix is the next thing to try: twice the reduce buckets in use."""
+    stage, report = job
+    settings = report.ranks[0].communication.settings
+    assert settings["reduce_bucket_size"] == "500000000"
+    ids = [r.id for r in report.recommendations]
+    if stage == 2:
+        assert settings["overlap_comm"] == "false"
+        assert "deepspeed_overlap_comm" in ids
+        assert "deepspeed_reduce_bucket" not in ids
+    else:
+        assert settings["overlap_comm"] == "true"
+        assert "deepspeed_overlap_comm" not in ids
+        fix = next(r for r in report.recommendations if r.id == "deepspeed_reduce_bucket")
+        assert '"reduce_bucket_size": 1e9' in fix.fix
+        assert fix.evidence["deepspeed_overlap_comm"] == "true"
+        assert fix.gain.basis == "modelled"
+

@@ -206,7 +206,8 @@ def _comm(s: StepSeries) -> CommReport:
         ))
     return CommReport(comm_s=_s(comm), exposed_s=_s(exposed), overlap_ratio=1 - exposed / comm if comm else None,
                       collectives=collectives, per_step_count=buckets / len(s) if len(s) else 0.0,
-                      size_histogram=histogram, parallelism=hook_parallelism(s.comm_hook))
+                      size_histogram=histogram, parallelism=hook_parallelism(s.comm_hook),
+                      settings=dict(s.comm_settings))
 
 
 SHARDED_HOOKS = {"fully_shard": "fsdp2"}

@@ -158,6 +158,9 @@ class CommReport(msgspec.Struct):
     """One of :data:`PARALLELISM`, from the trace's own labels (or the tracker's hook)."""
     roles: list[CommRole] = []
     """Communication split by role; the roles' ``exposed_s`` add up to ``exposed_s``. Empty: not split."""
+    settings: dict[str, str] = {}
+    """The framework's communication settings where the step tracker read them (a DeepSpeed engine's
+    ``overlap_comm``, ``reduce_bucket_size``, ...); empty for traces, which do not hold them."""
 
 
 class StartupCost(msgspec.Struct):

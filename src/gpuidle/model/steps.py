@@ -96,6 +96,8 @@ class TrackerEnd(msgspec.Struct, tag="end", kw_only=True, omit_defaults=True):
     steps: int
     comm_hook: str | None = None
     """The DDP communication hook that was timed (``allreduce_hook``, or the user's); None: none."""
+    comm_settings: dict[str, str] = {}
+    """The framework's communication settings the tracker read (DeepSpeed: ``overlap_comm``, bucket sizes)."""
     notes: list[str] = []
 
 
@@ -132,6 +134,7 @@ class StepSeries:
     batches: I64
     profiled: npt.NDArray[np.bool_]
     comm_hook: str | None = None
+    comm_settings: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     sync: I64 | None = None
     """Idle caused by host syncs per step (:attr:`TrackerStep.sync_ns`); None: not measured (PyTorch)."""
@@ -170,7 +173,8 @@ class StepSeries:
             device_phases={k: v[rows] for k, v in self.device_phases.items()}, comm=self.comm[rows],
             comm_exposed=self.comm_exposed[rows], straggler=self.straggler[rows], buckets=self.buckets[rows],
             bucket_bytes=self.bucket_bytes[rows], samples=self.samples[rows], batches=self.batches[rows],
-            profiled=self.profiled[rows], comm_hook=self.comm_hook, notes=list(self.notes),
+            profiled=self.profiled[rows], comm_hook=self.comm_hook, comm_settings=dict(self.comm_settings),
+            notes=list(self.notes),
             sync=self.sync[rows] if self.sync is not None else None,
             syncs=self.syncs[rows] if self.syncs is not None else None, framework=self.framework,
         )

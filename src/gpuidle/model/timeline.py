@@ -19,7 +19,7 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 6
+SCHEMA_MINOR = 7
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
 ``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
 3: ``source.framework``; 4: ``ranks[].backend``; 5: gains' ``step_s_saved_low``/``_high``, ``basis``,
@@ -27,7 +27,7 @@ SCHEMA_MINOR = 6
 in ranks and job, ``ranks[].startup``, ``ranks[].workload``, ``ranks[].python_hotspots``,
 ``steps[].startup_s``/``exposed_comm_s``/``zero_grad_launch_s``, ``devices[].startup_s``/``kernel_arch``,
 ``collectives[].dtype``; 6: ``communication.parallelism`` ``tensor_parallel``: an inference program's
-all-reduces, once read as DDP)."""
+all-reduces, once read as DDP; 7: ``communication.settings``, the framework's settings the tracker read)."""
 
 
 class Cause(enum.StrEnum):

@@ -179,6 +179,7 @@ def _series(p: Path, head: TrackerHeader, steps: list[TrackerStep], end: Tracker
         straggler=col([s.straggler_ns for s in steps]), buckets=col([s.buckets for s in steps]),
         bucket_bytes=col([s.bucket_bytes for s in steps]), samples=col([s.samples for s in steps]),
         batches=col([s.batches for s in steps]), profiled=np.array([s.profiled for s in steps], dtype=bool),
-        comm_hook=end.comm_hook if end is not None else None, notes=notes,
+        comm_hook=end.comm_hook if end is not None else None,
+        comm_settings=dict(end.comm_settings) if end is not None else {}, notes=notes,
         sync=col([s.sync_ns for s in steps]), syncs=col([s.syncs for s in steps]), framework=head.framework,
     )

@@ -80,6 +80,7 @@ class TrackerBase:
         self._job = JobMemory(world_size if gather is not None else 1, self._rows_layout.width, summary_steps)
         self._next_log = log_every or 0
         self._comm_hook: str | None = None
+        self._comm_settings: dict[str, str] = {}
         self._closed = False
         self.report: AnalysisReport | None = None
         self._notes = notes
@@ -141,7 +142,8 @@ class TrackerBase:
     def _series(self, i: int, m: np.ndarray, notes: list[str] | None = None) -> StepSeries:
         """The ``i``-th rank of a block (``[n, F + 1]``, the wait last) as a :class:`StepSeries`."""
         rank = i if self._gather is not alone else self.rank
-        return self._rows_layout.series(m, rank, self._comm_hook, notes if notes is not None else [])
+        return self._rows_layout.series(m, rank, self._comm_hook, notes if notes is not None else [],
+                                        self._comm_settings)
 
     def _log_line(self, block: np.ndarray) -> str:
         """``step 1200 | 212 ms | GPU busy 61 % | data wait 31 % (rank 3: 48 %) | straggler: rank 3 ×1.4``."""
@@ -175,7 +177,8 @@ class TrackerBase:
         self._finish([f"closed by {why}: steps after the last exchange have no straggler split"])
 
     def _finish(self, notes: list[str]) -> None:
-        self._file.write([TrackerEnd(steps=self._step, comm_hook=self._comm_hook, notes=notes)])
+        self._file.write([TrackerEnd(steps=self._step, comm_hook=self._comm_hook, comm_settings=self._comm_settings,
+                                     notes=notes)])
         self._file.close()
         self._notes.extend(notes)
 

@@ -283,7 +283,7 @@ class StepTracker(TrackerBase):
         from . import sharded  # FSDP2 and DeepSpeed: imported for the models that need them
 
         watched = sharded.watch(self, model)
-        self._comm_hook, self._sharded_sink = watched.hook, watched.sink
+        self._comm_hook, self._sharded_sink, self._comm_settings = watched.hook, watched.sink, watched.settings
         if watched.summary is not None:
             self._comm_summary = watched.summary
         self._notes.extend(watched.notes)

@@ -54,6 +54,24 @@ def hook_name(engine: Any) -> str:
     return "deepspeed_zero3" if s == 3 else "deepspeed_zero1_2" if s in (1, 2) else "deepspeed"
 
 
+SETTINGS = ("overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients")
+"""The ZeRO settings the advice needs, read through the engine's ``zero_<name>()`` methods."""
+
+
+def settings(engine: Any) -> dict[str, str]:
+    """The engine's ZeRO communication settings as JSON writes them (``true``, ``500000000``); missing ones left out."""
+    out = {}
+    for name in SETTINGS:
+        read = getattr(engine, f"zero_{name}", None)
+        if callable(read):
+            try:
+                value = read()
+            except Exception:  # a setting this version reads elsewhere: left out, never an error
+                continue
+            out[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
+
+
 def register(engine: Any, sink: CommSink) -> list[str]:
     """Time the engine's collectives and, under ZeRO-3, its parameter fetches; return what is not timed."""
     notes = []

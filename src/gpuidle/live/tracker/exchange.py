@@ -79,7 +79,8 @@ class RowLayout:
             samples=samples, batches=batches, profiled=bool(profiled), sync_ns=sync, syncs=syncs,
         )
 
-    def series(self, m: np.ndarray, rank: int, comm_hook: str | None, notes: list[str]) -> StepSeries:
+    def series(self, m: np.ndarray, rank: int, comm_hook: str | None, notes: list[str],
+               comm_settings: dict[str, str] | None = None) -> StepSeries:
         """One rank's rows (``[n, F + 1]``, the wait last) as a :class:`StepSeries`."""
         m = m[~np.isnan(m[:, 0])]
         col = self.col
@@ -97,7 +98,8 @@ class RowLayout:
             device_phases={p: c(f"device:{p}") for p in self.names} if self.device_timed else {},
             comm=c("comm"), comm_exposed=c("exposed"), straggler=m[:, -1].astype(np.int64), buckets=c("buckets"),
             bucket_bytes=c("bytes"), samples=c("samples"), batches=c("batches"),
-            profiled=m[:, col["profiled"]] > 0, comm_hook=comm_hook, notes=notes, sync=c("sync"), syncs=c("syncs"),
+            profiled=m[:, col["profiled"]] > 0, comm_hook=comm_hook,
+            comm_settings=dict(comm_settings or {}), notes=notes, sync=c("sync"), syncs=c("syncs"),
             framework=info.framework,
         )
 

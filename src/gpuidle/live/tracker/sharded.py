@@ -28,6 +28,8 @@ class Watched:
     summary: Summary | None
     sink: CommSink | None
     notes: list[str] = field(default_factory=list)
+    settings: dict[str, str] = field(default_factory=dict)
+    """The framework's communication settings, for the advice (DeepSpeed's ``overlap_comm``, bucket sizes)."""
 
 
 def untimed(model: object) -> str:
@@ -39,7 +41,8 @@ def watch(tracker: StepTracker, model: Any) -> Watched:
     """Time what can be timed of ``model``'s communication, reporting to ``tracker``."""
     if deepspeed.is_engine(model):
         sink = CommSink(tracker)
-        return Watched(deepspeed.hook_name(model), deepspeed.summary, sink, deepspeed.register(model, sink))
+        return Watched(deepspeed.hook_name(model), deepspeed.summary, sink, deepspeed.register(model, sink),
+                       deepspeed.settings(model))
     if fsdp.sharded_modules(model):
         sink = CommSink(tracker)
         return Watched(fsdp.HOOK_NAME, fsdp.summary, sink, fsdp.register(model, sink))
