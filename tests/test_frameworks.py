@@ -41,7 +41,7 @@ def test_in_framework_rewrites_and_drops() -> None:
     assert frameworks.in_framework([prop("remove_host_sync")], None)[0].rec.fix == "torch.cuda.synchronize()"
 
 
-@pytest.mark.parametrize(("framework", "words"), [("tensorflow", "tf.data"), ("jax", "grain")])
+@pytest.mark.parametrize(("framework", "words"), [("tensorflow", "tf.data"), ("jax", "grain"), ("keras", "PyDataset")])
 def test_straggler_fix_names_the_frameworks_input_pipeline(framework: str, words: str) -> None:
     rec = Recommendation(id="straggler_rank_3", cause="straggler_wait", title="Rank 3 is a straggler", evidence={},
                          fix=rules.STRAGGLER_FIX["data_loading"], gain=placeholder(), confidence="medium", rank=3)
@@ -98,6 +98,20 @@ def test_jax_apis_exist() -> None:
     assert "profiler_options" in _params(jax.profiler.trace)
     with jax.profiler.StepTraceAnnotation("train", step_num=0):
         pass
+
+
+def test_keras_apis_exist() -> None:
+    """What the Keras-on-JAX fixes name, in Keras 3's own namespace (every backend has it)."""
+    keras = pytest.importorskip("keras")
+    assert {"workers", "use_multiprocessing", "max_queue_size"} <= _params(keras.utils.PyDataset.__init__)
+    assert {"jit_compile", "steps_per_execution"} <= _params(keras.Model.compile)
+    assert "batch_size" in _params(keras.Model.fit)
+    assert "gradient_accumulation_steps" in _params(keras.optimizers.SGD.__init__)
+    assert callable(keras.mixed_precision.set_global_policy)
+    assert isinstance(keras.optimizers.LossScaleOptimizer, type)
+    assert "auto_scale_loss" in _params(keras.Model.compile)  # mixed_float16: compile wraps the optimizer
+    # a callback's async_safe lets fit call it off the training thread, without reading each batch's logs first
+    assert "async_safe" in inspect.getsource(type(keras.callbacks.CallbackList([])))
 
 
 def test_xla_flags_exist_in_jaxlib() -> None:

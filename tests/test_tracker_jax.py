@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,37 @@ def test_gpuidle_imports_no_jax_nor_tensorflow() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": PYTHONPATH})
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_syncs_seen_and_the_one_the_cpu_backend_hides(tmp_path: Path) -> None:
+    """Each way a loop waits for an array is timed once, on the loop's thread only; on the CPU backend NumPy reads
+    an array through its buffer (no wrapper sees it), and the tracker says so."""
+    import threading
+
+    import numpy as np
+
+    from gpuidle.live.tracker.jax_syncs import SyncWatch
+
+    seen: list[int] = []
+    watch = SyncWatch(lambda t0, t1: seen.append(t1 - t0), time.perf_counter_ns)
+    assert watch.install()
+    try:
+        x = jax.numpy.ones((64, 64)) @ jax.numpy.ones((64, 64))
+        for read in (lambda: float(x[0, 0]), lambda: x[0, 0].item(), lambda: str(x), x.tolist,
+                     lambda: jax.device_get(x), x.block_until_ready, lambda: jax.block_until_ready(x)):
+            before = len(seen)
+            read()
+            assert len(seen) == before + 1
+        elsewhere = threading.Thread(target=lambda: float(x[0, 0]))
+        elsewhere.start()
+        elsewhere.join()
+        assert len(seen) == 7  # the watcher's own waits are not the loop's
+        before = len(seen)
+        np.asarray(x)
+        hidden = len(seen) == before
+    finally:
+        watch.uninstall()
+    assert hidden == (jax.devices()[0].platform == "cpu")
+    tracker = StepTracker(tmp_path, ledger=False, log=lambda line: None)
+    tracker.close()
+    assert any("buffer" in n for n in tracker._notes) == hidden

@@ -1,6 +1,8 @@
-"""The step tracker for Keras 3 on TensorFlow: ``from gpuidle.keras import GpuidleCallback``.
+"""The step tracker for Keras 3: ``from gpuidle.keras import GpuidleCallback``.
 
-Needs TensorFlow (``pip install 'gpuidle[tensorflow]'``); see docs/tracker-keras.md.
+On the TensorFlow backend it needs TensorFlow (``pip install 'gpuidle[tensorflow]'``); on the JAX
+backend, JAX (``pip install 'gpuidle[jax]' keras``). The same callback either way; see
+docs/tracker-keras.md.
 
 >>> from gpuidle.keras import GpuidleCallback
 >>> callback = GpuidleCallback("gpuidle-run")                                     # doctest: +SKIP
@@ -9,13 +11,22 @@ Needs TensorFlow (``pip install 'gpuidle[tensorflow]'``); see docs/tracker-keras
 
 from __future__ import annotations
 
-try:
-    import keras as _keras  # noqa: F401  (only to say clearly what is missing)
-    import tensorflow as _tf  # noqa: F401
-except ImportError as err:
-    raise ImportError(f"gpuidle.keras needs TensorFlow and Keras 3 ({err}): pip install 'gpuidle[tensorflow]'") \
-        from err
+from typing import TYPE_CHECKING
 
-from gpuidle.live.tracker.keras_callback import GpuidleCallback
+try:
+    import keras as _keras
+
+    if _keras.backend.backend() == "jax":
+        import jax as _jax  # noqa: F401  (only to say clearly what is missing)
+    else:
+        import tensorflow as _tf  # noqa: F401
+except ImportError as err:
+    raise ImportError(f"gpuidle.keras needs Keras 3 and its backend ({err}): pip install 'gpuidle[tensorflow]', "
+                      "or 'gpuidle[jax]' keras") from err
+
+if TYPE_CHECKING or _keras.backend.backend() != "jax":
+    from gpuidle.live.tracker.keras_callback import GpuidleCallback
+else:
+    from gpuidle.live.tracker.keras_jax import GpuidleCallback
 
 __all__ = ["GpuidleCallback"]

@@ -1,4 +1,4 @@
-"""Fixes in the profiled framework's own words: TensorFlow and JAX texts for the rules' ids.
+"""Fixes in the profiled framework's own words: TensorFlow, JAX and Keras-on-JAX texts for the rules' ids.
 
 The rules (``advice.rules``) measure and write their fix against PyTorch. For a profile that
 says it came from TensorFlow or JAX (``Source.framework``), each recommendation keeps its
@@ -261,13 +261,71 @@ def engine_precision(workload: Workload | None, dtype: str) -> str | None:
     return fix.replace("{dtype}", dtype) if fix is not None else None
 
 
-WORDINGS: dict[str, dict[str, Wording | None]] = {"tensorflow": TENSORFLOW, "jax": JAX}
+KERAS: dict[str, Wording | None] = {
+    "dataloader_workers": Wording(
+        "Prepare batches ahead of the step: a parallel tf.data pipeline, or PyDataset workers",
+        "dataset = (dataset                                                 # Keras takes tf.data on every backend\n"
+        "           .map(parse, num_parallel_calls=tf.data.AUTOTUNE)       # decode on every core\n"
+        "           .batch(batch_size)\n"
+        "           .prefetch(tf.data.AUTOTUNE))                           # batches ready while the step runs\n"
+        "class Batches(keras.utils.PyDataset):                              # or load in worker processes\n"
+        "    def __init__(self, files):\n"
+        "        super().__init__(workers=8, use_multiprocessing=True, max_queue_size=16)"),
+    "remove_host_sync": Wording(
+        "fit waits for every batch's logs: read them less often, or off the training thread",
+        "model.compile(optimizer, loss, steps_per_execution=32)   # the logs are read once per 32 batches\n"
+        "# a callback of yours with on_train_batch_end makes fit read each batch's logs from the device\n"
+        "# (a wait) before it goes on; if it only logs them, let Keras call it on another thread:\n"
+        "class LossLogger(keras.callbacks.Callback):\n"
+        "    async_safe = True"),
+    "pinned_memory_non_blocking": None,
+    "cuda_graphs": Wording(
+        "Launch-bound: keep the step one compiled XLA program, with more work in it",
+        "model.compile(optimizer, loss, jit_compile=True)   # the JAX backend's default; not run_eagerly=True\n"
+        + _BATCH + "model.fit(dataset.batch(batch_size), epochs=epochs)"),
+    "larger_batch": Wording(
+        "Tiny kernels starve the GPU: double the per-GPU batch (scale the learning rate with it)",
+        _BATCH + "model.fit(x, y, batch_size=batch_size)   # or dataset.batch(batch_size)\n"
+        "model.compile(keras.optimizers.SGD(learning_rate), loss)"),
+    "move_cpu_work": Wording(
+        "Host-side Python between steps holds the GPU back",
+        "# move preprocessing into the input pipeline, where it runs ahead of the step:\n"
+        "dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)   # or PyDataset(workers=8)\n"
+        "# and keep per-batch callbacks light: they run on the training thread between steps"),
+    "mixed_precision": Wording(
+        "Matrix multiplies and convolutions run in float32: use Keras mixed precision",
+        "keras.mixed_precision.set_global_policy(\"mixed_{dtype}\")   # before building the model\n"
+        "# mixed_float16: compile wraps the optimizer in keras.optimizers.LossScaleOptimizer"),
+    "cudnn_benchmark": JAX["cudnn_benchmark"],
+    "ddp_no_sync": Wording(
+        "Gradients are all-reduced on every micro-batch: accumulate them and reduce once per step",
+        "optimizer = keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=4)"),
+    "ddp_bucket_cap": JAX["ddp_bucket_cap"],
+    "zero_grad_set_to_none": None,
+    "comm_compression": None,
+    "nccl_transport": JAX["nccl_transport"],
+    "comm_bound_batch": Wording(
+        "Communication takes as long as compute: more work per all-reduce, overlapped",
+        "optimizer = keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=4)   # or a larger batch\n"
+        "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python train.py"),
+    "record_cpu_activity": Wording(
+        "The step tracker cannot explain most of the idle time: record a profile with host activity",
+        "options = jax.profiler.ProfileOptions()\n"
+        "options.host_tracer_level = 2; options.python_tracer_level = 1\n"
+        "with jax.profiler.trace(\"logs\", profiler_options=options):\n"
+        "    model.fit(dataset, epochs=1, steps_per_epoch=20)"),
+}
+"""Keras 3 on the JAX backend (the Keras callback's steps): Keras's own API, the input pipeline Keras takes on every
+backend, and XLA's flags where the work is the compiled program's."""
+
+WORDINGS: dict[str, dict[str, Wording | None]] = {"tensorflow": TENSORFLOW, "jax": JAX, "keras": KERAS}
 """Per framework, per rule id; a framework absent here (PyTorch) keeps the rules' own texts."""
 
 STRAGGLER = "straggler_rank_"
 """Straggler fixes (one id per rank) name the input pipeline to check: in the framework's words."""
 INPUT_PIPELINE = {"tensorflow": "its tf.data pipeline (num_parallel_calls, prefetch)",
-                  "jax": "its grain workers (worker_count) and device prefetch"}
+                  "jax": "its grain workers (worker_count) and device prefetch",
+                  "keras": "its tf.data pipeline (num_parallel_calls, prefetch) or PyDataset workers"}
 
 
 def in_framework(proposals: list[Proposal], framework: str | None) -> list[Proposal]:

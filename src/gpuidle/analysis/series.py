@@ -76,6 +76,13 @@ FRAMEWORK_NOTES = {
             "jax.profiler.trace records a profile that gpuidle analyze splits",
             "communication is not timed by step timing: a rank's wait for the others counts as busy, and a "
             "straggler is told by its own step time"],
+    "keras": ["busy: the device's time from each step's start (its train call's first dispatch, or the previous "
+              "step's end) to the completion of the logs the call returned; data wait and host syncs are the "
+              "device's idle while fit was fetching the batch or blocked in a sync, not the host's time in them",
+              "idle outside the fetch and the syncs (callbacks, Keras's loop, dispatch) is unattributed; "
+              "jax.profiler.trace around model.fit records a profile that gpuidle analyze splits",
+              "communication is not timed by step timing: a rank's wait for the others counts as busy, and a "
+              "straggler is told by its own step time"],
     "tensorflow": ["busy: host time from the batch's arrival in the compiled train function (timed in the "
                    "tf.data pipeline wrapped by callback.dataset) to the batch's end callback",
                    "idle outside the input wait (callbacks, the host between steps) is unattributed; "
@@ -83,7 +90,8 @@ FRAMEWORK_NOTES = {
                    "communication is not timed by step timing: a rank's wait for the others counts as busy, "
                    "and a straggler is told by its own step time"],
 }
-"""What busy and idle mean for the JAX and Keras trackers, in place of the PyTorch tracker's notes."""
+"""What busy and idle mean for the JAX and Keras trackers (Keras on TensorFlow and on JAX), in place of the PyTorch
+tracker's notes."""
 
 
 def straggler_split(exposed: npt.ArrayLike) -> I64:

@@ -26,7 +26,7 @@ class RenderOptions:
     width: int = 110
 
 
-FRAMEWORK_NAMES = {"pytorch": "PyTorch", "cuda": "CUDA application"}
+FRAMEWORK_NAMES = {"pytorch": "PyTorch", "cuda": "CUDA application", "keras": "Keras on JAX"}
 
 
 def source_label(source: Source) -> str:

@@ -84,6 +84,7 @@ class TrackerBase:
         self._closed = False
         self.report: AnalysisReport | None = None
         self._notes = notes
+        self._late_notes: list[str] = []
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if rank == 0:
@@ -105,6 +106,11 @@ class TrackerBase:
     @property
     def steps_done(self) -> int:
         return self._step
+
+    def note(self, text: str) -> None:
+        """A note learnt after the log's header was written: in the log's end and the summary."""
+        self._late_notes.append(text)
+        self._notes.append(text)
 
     @property
     def clock(self) -> Callable[[], int]:
@@ -178,7 +184,7 @@ class TrackerBase:
 
     def _finish(self, notes: list[str]) -> None:
         self._file.write([TrackerEnd(steps=self._step, comm_hook=self._comm_hook, comm_settings=self._comm_settings,
-                                     notes=notes)])
+                                     notes=[*self._late_notes, *notes])])
         self._file.close()
         self._notes.extend(notes)
 

@@ -1,12 +1,14 @@
 """The JAX loop's host syncs, timed where JAX lets us see them.
 
 A host sync is a call that waits for the device: ``float(x)``, ``int(x)``, ``x.item()``,
-``np.asarray(x)``, printing an array, ``x.block_until_ready()``, ``jax.block_until_ready(...)``.
-While a :class:`SyncWatch` is installed, those entry points of ``jax.Array`` (and
+``np.asarray(x)``, ``jax.device_get(x)``, printing an array, ``x.block_until_ready()``,
+``jax.block_until_ready(...)``. While a :class:`SyncWatch` is installed, those entry points of ``jax.Array`` (and
 ``jax.block_until_ready``) are wrapped: on the training loop's thread each call is timed and
 reported; on any other thread (the tracker's own watcher) they pass straight through.
 :meth:`SyncWatch.uninstall` puts the originals back. A JAX whose array type lacks an entry
-point is not patched there (:attr:`SyncWatch.missing` names it, and the tracker says so).
+point is not patched there (:attr:`SyncWatch.missing` names it, and the tracker says so). On the CPU
+backend an array also exposes its memory as a buffer, which NumPy reads before it asks ``__array__``:
+``np.asarray(x)`` there waits in C, unseen (the tracker notes it); a GPU array has no such buffer.
 """
 
 from __future__ import annotations

@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 MIN_JAX = (0, 4, 30)
+CPU_ARRAY_NOTE = ("on JAX's CPU backend NumPy reads an array through its buffer, which no wrapper sees: syncs by "
+                  "np.asarray(x) or np.array(x) (Keras's reads of the logs among them) are not timed, their idle is "
+                  "unattributed")
 HOST_ONLY_NOTE = ("tracker.step() was given no JAX array in {n} step(s): those are timed on the host "
                   "(their dispatch, not the device's work)")
 
@@ -138,6 +141,7 @@ class StepTracker(TrackerBase):
     :param watch_syncs: time the loop's host syncs (:mod:`.jax_syncs`).
     :param rank: this process's rank (default ``jax.process_index()``); with ``world_size``
         (default ``jax.process_count()``), for processes that JAX does not connect.
+    :param framework: whose words the fixes take: ``jax``, or ``keras`` for the Keras callback on JAX.
     :param gather: the exchange across processes (default: JAX's host all-gather when
         ``jax.process_count() > 1``, else none: each process writes its log and
         ``gpuidle analyze <out_dir>`` merges them).
@@ -165,6 +169,7 @@ class StepTracker(TrackerBase):
         ledger: str | os.PathLike[str] | bool = True,
         prometheus_port: int | None = None,
         prometheus_addr: str = "127.0.0.1",
+        framework: str = "jax",
     ) -> None:
         jax_version()
         compute = list(compute_phases) if compute_phases is not None else list(phases[:1])
@@ -199,9 +204,11 @@ class StepTracker(TrackerBase):
         elif not watch_syncs:
             notes.append("host syncs not timed (watch_syncs=False): their idle is unattributed")
         device = jax.local_devices()[0]
+        if self._syncs is not None and device.platform == "cpu":
+            notes.append(CPU_ARRAY_NOTE)
         try:
             super().__init__(
-                out_dir, framework="jax", timing="device", rank=rank, world_size=world_size, gather=gather,
+                out_dir, framework=framework, timing="device", rank=rank, world_size=world_size, gather=gather,
                 hosts=None, phases=phases, compute_phases=compute, copy_phase="", every=every, log_every=log_every,
                 notes=notes, clock=clock, log=log, summary_steps=summary_steps, label=label, ledger=ledger,
                 prometheus_port=prometheus_port, prometheus_addr=prometheus_addr, device=int(device.id),
@@ -219,24 +226,31 @@ class StepTracker(TrackerBase):
 
     def loader(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yield the batches of ``iterable``, timing the host's wait in ``next()`` (a new pass starts a new step)."""
-        clock = self._clock
         it = iter(iterable)
         first = True
         while True:
-            t0 = clock()
-            if self._pending and not self._off:
-                self._look(t0)
             try:
-                batch = next(it)
+                batch = self.fetch(it, first)
             except StopIteration:
                 return
-            if not self._off:
-                try:
-                    self._batch(t0, clock(), batch, first)
-                except Exception as err:  # never break the loop
-                    self._fail(err)
             first = False
             yield batch
+
+    def fetch(self, it: Iterator[T], first: bool = False) -> T:
+        """``next(it)``, its wait timed as the loader's (``first``: a new pass over the data begins here).
+
+        For loops that fetch inside a call of their own (Keras's train function); ``StopIteration`` passes
+        through."""
+        t0 = self._clock()
+        if self._pending and not self._off:
+            self._look(t0)
+        batch = next(it)
+        if not self._off:
+            try:
+                self._batch(t0, self._clock(), batch, first)
+            except Exception as err:  # never break the loop
+                self._fail(err)
+        return batch
 
     def phase(self, name: str) -> JaxPhase:
         """``with tracker.phase("train_step"): state, loss = train_step(state, batch)``: host time of a phase;

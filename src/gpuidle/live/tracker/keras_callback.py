@@ -103,7 +103,7 @@ def check_keras() -> None:
         raise GpuidleError(f"gpuidle.keras needs Keras 3, not {keras.__version__}", "pip install -U keras")
     if keras.backend.backend() != "tensorflow":
         raise GpuidleError(f"gpuidle.keras times Keras on the TensorFlow backend, not {keras.backend.backend()!r}",
-                           "set KERAS_BACKEND=tensorflow (for JAX use gpuidle.jax in a custom loop)")
+                           "import GpuidleCallback from gpuidle.keras: it gives the callback of the backend in use")
 
 
 class Arrivals:
@@ -257,9 +257,9 @@ class GpuidleCallback(keras.callbacks.Callback, TrackerBase):
             return
         self._per_call, self._fitting = k, True
         if k > 1:
-            self._notes.append(EXECUTION_NOTE.format(k=k))
+            self.note(EXECUTION_NOTE.format(k=k))
         if not self._wrapped:
-            self._notes.append(NO_DATASET_NOTE)
+            self.note(NO_DATASET_NOTE)
         self._fit_begin = self._clock()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:

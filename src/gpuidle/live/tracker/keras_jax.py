@@ -1,0 +1,173 @@
+"""The step tracker for Keras 3 on JAX: the same ``model.fit`` callback as on TensorFlow (usage: ``gpuidle.keras``).
+
+On the JAX backend ``fit`` fetches each batch in Python, inside the train function it calls once
+per step: ``next(iterator)``, then the jitted step's dispatch, which returns before the device
+has run it. So the wait for data is on the host's clock, and the device is timed as the JAX
+tracker times it (:mod:`.jax_tracker`): at ``on_train_begin`` the callback wraps the model's
+``train_function`` for the length of the fit. Each call's ``next()`` is timed as the tracker's
+loader, the dispatch after it as its ``train_step`` phase (so the call's first dispatch marks
+when its work was queued), and the logs it returns (device arrays) end the step: the tracker's
+watcher thread stamps their completion. A wait for data overlaps the previous step's device
+work; only the device's idle is reported.
+
+Keras reads every step's logs to the host when a callback reads them per batch and is not
+marked ``async_safe`` (the progress bar of ``verbose=1`` is one): that read waits for the
+device, and the JAX tracker times it as a host sync. This callback reads nothing per batch, so
+it leaves Keras's choice as it was.
+
+With ``steps_per_execution = k`` one call fetches and dispatches ``k`` batches and returns the
+logs of its last: one step of the log is one call; the data waits after its first dispatch
+overlap the device's work on the batches before and count as busy, so the data share is a lower
+bound (a note says so).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import keras
+
+from gpuidle.errors import GpuidleError
+
+from .jax_tracker import JaxPhase, StepTracker
+
+if TYPE_CHECKING:
+    from gpuidle.model import AnalysisReport
+
+PHASE = "train_step"
+BACKEND_NOTE = "Keras {version} on the JAX backend: the train function's fetch and dispatch timed, the device watched"
+EXECUTION_NOTE = ("steps_per_execution={k}: a step here is one train call of up to {k} batches; the data waits "
+                  "after its first batch count as busy (the device may still have been working): the data share "
+                  "is a lower bound")
+
+
+class _TimedFeed:
+    """The iterator Keras's train function fetches from: each ``next()`` timed, the dispatch after it a phase."""
+
+    __slots__ = ("_first", "_it", "_open", "_tracker")
+
+    def __init__(self, tracker: StepTracker, it: Iterator[Any], first: bool) -> None:
+        self._tracker, self._it, self._first = tracker, it, first
+        self._open: JaxPhase | None = None
+
+    def __iter__(self) -> _TimedFeed:
+        return self
+
+    def __next__(self) -> Any:
+        self.end_dispatch()
+        batch = self._tracker.fetch(self._it, self._first)
+        self._first = False
+        self._open = self._tracker.phase(PHASE)
+        self._open.__enter__()
+        return batch
+
+    def end_dispatch(self) -> None:
+        if self._open is not None:
+            self._open.__exit__(None, None, None)
+            self._open = None
+
+
+class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras is untyped
+    """``model.fit(x, callbacks=[callback])`` on the JAX backend: every step's data wait, host syncs and device time.
+
+    Parameters as for the TensorFlow backend's callback; ranks default to ``jax.process_index()`` and
+    ``jax.process_count()``.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str] = "gpuidle-run",
+        *,
+        every: int = 50,
+        log_every: int | None = 500,
+        rank: int | None = None,
+        world_size: int | None = None,
+        clock: Callable[[], int] = time.perf_counter_ns,
+        log: Callable[[str], None] | None = None,
+        summary_steps: int = 5000,
+        label: str | None = None,
+        ledger: str | os.PathLike[str] | bool = True,
+        prometheus_port: int | None = None,
+        prometheus_addr: str = "127.0.0.1",
+    ) -> None:
+        if int(keras.__version__.split(".")[0]) < 3 or keras.backend.backend() != "jax":
+            raise GpuidleError(f"this callback times Keras 3 on the JAX backend, not Keras {keras.__version__} on "
+                               f"{keras.backend.backend()!r}", "use gpuidle.keras.GpuidleCallback")
+        super().__init__()
+        self._tracker = StepTracker(
+            out_dir, phases=[PHASE], every=every, log_every=log_every, clock=clock, rank=rank, world_size=world_size,
+            log=log, summary_steps=summary_steps, label=label, ledger=ledger, prometheus_port=prometheus_port,
+            prometheus_addr=prometheus_addr, framework="keras",
+        )
+        self._tracker.note(BACKEND_NOTE.format(version=keras.__version__))
+        self._log = self._tracker._log
+        self._original: Callable[..., Any] | None = None
+        self._new_pass = True
+
+    @property
+    def report(self) -> AnalysisReport | None:
+        """The job summary (rank 0, once the fit ended)."""
+        return self._tracker.report
+
+    @property
+    def steps_done(self) -> int:
+        return self._tracker.steps_done
+
+    @property
+    def out_dir(self) -> Any:
+        return self._tracker.out_dir
+
+    def dataset(self, ds: Any) -> Any:
+        """``ds`` as it is: on the JAX backend the batches are fetched in Python, where their wait is timed."""
+        return ds
+
+    # -- model.fit's callbacks -------------------------------------------------------
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        if self._tracker._closed:
+            self._log("this GpuidleCallback already closed with the fit it timed: give each fit its own")
+            return
+        model = self.model
+        k = getattr(model, "steps_per_execution", 1)
+        function = getattr(model, "train_function", None)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not callable(function):
+            self._log(f"gpuidle cannot time this fit (steps_per_execution={k!r}, train function {function!r}); "
+                      "the fit runs untimed")
+            return
+        if k > 1:
+            self._tracker.note(EXECUTION_NOTE.format(k=k))
+        self._original = function
+        model.train_function = self._timed(function)
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._new_pass = True  # what ran between epochs (evaluation) is no step's idle
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if self._original is None:
+            return
+        self.model.train_function = self._original
+        self._original = None
+        self.close()
+
+    def close(self) -> AnalysisReport | None:
+        """Write the logs and (rank 0) the summary; called by ``on_train_end``."""
+        return self._tracker.close()
+
+    def _timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        tracker = self._tracker
+
+        def train_function(state: Any, iterator: Iterator[Any]) -> Any:
+            feed = _TimedFeed(tracker, iterator, self._new_pass)
+            self._new_pass = False
+            try:
+                out = function(state, feed)
+            finally:
+                feed.end_dispatch()
+            logs = out[0] if isinstance(out, tuple) else out
+            tracker.step(logs)
+            return out
+
+        return train_function

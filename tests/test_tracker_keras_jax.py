@@ -1,0 +1,142 @@
+"""The Keras callback on the JAX backend, on real Keras and JAX (CPU), each fit in a process of its own (Keras picks
+its backend once per process): a slow input is data loading as the device's idle, with its gain against the fit
+without the wait and a fix in Keras's words; steps_per_execution is noted; two ranks merge into one job view with
+the slow one named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+pytest.importorskip("keras")
+
+from gpuidle.advice.frameworks import KERAS
+from gpuidle.api import analyze_tracker
+from gpuidle.model import AnalysisReport, StepReport
+
+FIT = Path(__file__).with_name("keras_jax_fit.py")
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+PYTHONPATH = os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])])
+DELAY_S = 0.02
+"""The input's sleep per batch in ``data`` mode (tests/keras_jax_fit.py)."""
+
+
+def run_fit(out: Path, mode: str, rank: int = 0, world: int = 1, steps: int = 40) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": str(world),
+           "JAX_PLATFORMS": os.environ.get("GPUIDLE_JAX_PLATFORMS", "cpu"), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([sys.executable, str(FIT), str(out), mode, str(steps)], capture_output=True, text=True,
+                          env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[AnalysisReport, dict[str, float]]]:
+    base = tmp_path_factory.mktemp("keras_jax")
+    out = {}
+    for mode in ("data", "fast", "k4"):
+        truth = run_fit(base / mode, mode)
+        out[mode] = (analyze_tracker([base / mode]), truth)
+    return out
+
+
+def steady(report: AnalysisReport) -> list[StepReport]:
+    """The steps the report counts (compilation and the first step of each pass left out)."""
+    return [s for s in report.ranks[0].steps if s.excluded is None]
+
+
+def test_a_slow_input_is_data_loading_as_the_devices_idle(runs: dict[str, tuple[AnalysisReport, dict]]) -> None:
+    report, truth = runs["data"]
+    assert report.source.framework == "keras"
+    steps = steady(report)
+    assert len(steps) >= 60
+    # the fit's own clock: the tracker's step is the fit's period
+    period = sum(s.dur_s for s in steps) / len(steps)
+    assert period == pytest.approx(truth["period_s"], rel=0.1), (period, truth)
+    # the device waits for each batch the input's sleep less the step it still had to run then (it ran ahead):
+    # between the sleep less one synchronous step (after the same sleep, timed beforehand) and the sleep itself
+    per_step = sum(s.idle_by_cause_s.get("data_loading", 0.0) for s in steps) / len(steps)
+    assert DELAY_S - truth["compute_s"] - 0.002 < per_step < DELAY_S + 0.002, (per_step, truth)
+    assert sum(s.idle_by_cause_s.get("host_sync", 0.0) for s in steps) == 0.0
+    first = report.recommendations[0]
+    assert first.cause == "data_loading"
+    assert first.fix == KERAS["dataloader_workers"].fix  # type: ignore[union-attr]
+    assert all("torch" not in r.fix and "DataLoader" not in r.fix and "grain" not in r.fix
+               for r in report.recommendations)
+
+
+def test_the_data_fix_promises_no_more_than_the_fit_without_the_wait(
+        runs: dict[str, tuple[AnalysisReport, dict]]) -> None:
+    """The gain printed against the after-state measured: the same fit with an input that does not sleep. On the
+    CPU a step that runs after an idle wait is slower than one that follows another: the promise keeps the slower
+    step, so it may fall short of the measured after-state, never beyond it; and it is no slower than one step run
+    synchronously after the same wait."""
+    report, truth = runs["data"]
+    fix = next(r for r in report.recommendations if r.cause == "data_loading")
+    predicted = fix.gain.step_s_after
+    assert predicted is not None
+    _, after = runs["fast"]
+    assert 0.95 * after["period_s"] <= predicted <= truth["compute_s"] + 0.001, (predicted, after, truth)
+    assert truth["period_s"] > DELAY_S
+
+
+def test_steps_per_execution_is_one_step_per_call_with_a_note(runs: dict[str, tuple[AnalysisReport, dict]]) -> None:
+    report, truth = runs["k4"]
+    assert any("steps_per_execution=4" in n and "lower bound" in n for n in report.ranks[0].notes)
+    steps = steady(report)
+    assert len(steps) >= 15
+    assert all(s.dur_s > 0 for s in steps)
+    # four sleeps a call, of which the one before its first dispatch is seen as the device's idle: a lower bound
+    per_call = sum(s.idle_by_cause_s.get("data_loading", 0.0) for s in steps) / len(steps)
+    assert DELAY_S - truth["compute_s"] - 0.002 < per_call < 4 * DELAY_S, (per_call, truth)
+    assert report.recommendations[0].cause == "data_loading"
+
+
+def test_two_ranks_give_one_job_view_with_the_slow_rank_named(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    procs = []
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "JAX_PLATFORMS": "cpu", "GPUIDLE_WORLD_SIZE": "2",
+           "TF_CPP_MIN_LOG_LEVEL": "3"}
+    for rank, mode in ((0, "fast"), (1, "slow")):
+        procs.append(subprocess.Popen([sys.executable, str(FIT), str(out), mode, "20"],
+                                      env={**env, "GPUIDLE_RANK": str(rank)}, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate()
+        assert p.returncode == 0, err[-3000:]
+    report = analyze_tracker([out])
+    assert report.job is not None
+    assert report.job.ranks_found == [0, 1]
+    (straggler,) = report.job.stragglers
+    assert straggler.rank == 1
+    assert straggler.cause == "data_loading"
+    fixes = " ".join(r.fix for r in report.recommendations)
+    assert "PyDataset" in fixes
+    assert "torch" not in fixes
+
+
+def test_the_callback_for_the_backend_keras_runs_on(tmp_path: Path) -> None:
+    """``gpuidle.keras`` gives the JAX backend's callback under KERAS_BACKEND=jax; used on the TensorFlow backend
+    directly it is one clear error."""
+    code = ("import os; os.environ['KERAS_BACKEND'] = 'jax'\n"
+            "from gpuidle.keras import GpuidleCallback\n"
+            "print(GpuidleCallback.__module__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "gpuidle.live.tracker.keras_jax"
+    code = ("import os; os.environ['KERAS_BACKEND'] = 'tensorflow'\n"
+            "from gpuidle.errors import GpuidleError\n"
+            "from gpuidle.live.tracker.keras_jax import GpuidleCallback\n"
+            f"try:\n    GpuidleCallback({str(tmp_path)!r})\nexcept GpuidleError as err:\n    print(err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "JAX backend" in proc.stdout
+    assert "'tensorflow'" in proc.stdout
