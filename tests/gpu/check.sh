@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a real NVIDIA GPU, in one run: NVML sampling, the tracker's device timing, and a
-# before/after gain prediction on real traces; then the JAX tracker's loop tests on the GPU (skipped where JAX
-# sees no GPU). Run from the repository root on a machine with a GPU and
+# before/after gain prediction on real traces; then the JAX tracker's loop tests and the Keras callback's on Keras's
+# JAX backend on the GPU (skipped where JAX sees no GPU, or Keras is not installed). Run from the repository root on a machine with a GPU and
 # the CUDA build of torch:  bash tests/gpu/check.sh   (PYTHON names the interpreter; python3 by default;
 # GPUIDLE_KEEP_TRACES=DIR keeps the before/after trace pair)
 set -euo pipefail
@@ -10,8 +10,8 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name(0))"
 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/gpu "$@"
 if "$PYTHON" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
-    GPUIDLE_JAX_PLATFORMS=cuda "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_tracker_jax.py \
-        -k "data_delay or float_loss or never_promises"
+    GPUIDLE_JAX_PLATFORMS=cuda "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_tracker_jax.py \
+        tests/test_tracker_keras_jax.py -k "data_delay or float_loss or never_promises or slow_input or data_fix"
 else
     echo "JAX sees no GPU: its tracker tests on the GPU skipped"
 fi
