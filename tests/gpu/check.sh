@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a real NVIDIA GPU, in one run: NVML sampling, the tracker's device timing, and a
 # before/after gain prediction on real traces; then the JAX tracker's loop tests and the Keras callback's on Keras's
-# JAX backend on the GPU (skipped where JAX sees no GPU, or Keras is not installed). Run from the repository root on a machine with a GPU and
-# the CUDA build of torch:  bash tests/gpu/check.sh   (PYTHON names the interpreter; python3 by default;
+# JAX backend on the GPU (skipped where JAX sees no GPU, or Keras is not installed). Run from the repository root
+# on a machine with a GPU and the CUDA build of torch:  bash tests/gpu/check.sh   (PYTHON names the interpreter; python3 by default;
 # GPUIDLE_KEEP_TRACES=DIR keeps the before/after trace pair)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
