@@ -4,6 +4,8 @@
     python bench/tracker_overhead_frameworks.py --only jax --rounds 20 --block 30
     python bench/tracker_overhead_frameworks.py --only jax --dim 4096               # on a GPU
     python bench/tracker_overhead_frameworks.py --only keras --dim 8192 --block 60  # steps of ~10 ms
+    python bench/tracker_overhead_frameworks.py --only keras --dim 64 --wait-ms 10     # a GPU-like 10 ms wait a step
+    python bench/tracker_overhead_frameworks.py --only keras-jax --dim 64 --wait-ms 10 # Keras on its JAX backend
 
 Arms: A and A' (plain, identical: their difference is the noise floor) and B (tracked), run in
 blocks of ``--block`` steps, each round in another of the six orders of the arms, in one process on the same model and
@@ -16,7 +18,11 @@ here ``min(50, block // 3)`` so that every block holds a few of those reads (fro
 on, the default). Keras is timed twice: per step between the ends of the first and the last
 train call (what every step pays; a callback records the ends in every arm), and over the whole
 ``fit`` (adds what a fit pays once: the iterator, the first pass of the stamping ``map``, the
-summary at the end), whose difference shrinks as ``--block`` grows.
+summary at the end), whose difference shrinks as ``--block`` grows. Keras on its JAX backend
+(``--only keras-jax``, alone in its process) is timed from the first train call to the epoch's end:
+its host dispatches ahead of the device. ``--wait-ms`` adds a fixed wait inside the compiled step (a sleep the CPU
+does not spend), as the host waits for a GPU: the tracker's cost against a step of known length
+that its own work does not compete with.
 """
 
 from __future__ import annotations
@@ -107,8 +113,13 @@ def jax_arms(block: int, out: str, dim: int) -> dict[str, Callable[[], float]]:
     return {"A": plain, "A'": plain, "B": tracked}
 
 
-def keras_arms(block: int, out: str, dim: int) -> tuple[dict[str, Callable[[], float]], dict[str, list[float]]]:
-    """The arms (each returns its per-step time between the first and last train call) and their whole-fit times."""
+def keras_arms(block: int, out: str, dim: int, wait_ms: float = 0.0,
+               ) -> tuple[dict[str, Callable[[], float]], dict[str, list[float]]]:
+    """The arms (each returns its per-step time between the first and last train call) and their whole-fit times.
+
+    ``wait_ms``: the step also waits this long inside the compiled train function, as the host waits for a GPU
+    (a ``tf.py_function`` that sleeps, the CPU free meanwhile): the tracker's cost against a step of known length
+    that its own work does not compete with."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -125,7 +136,19 @@ def keras_arms(block: int, out: str, dim: int) -> tuple[dict[str, Callable[[], f
 
     xs = np.random.default_rng(0).random((128 * block, 64), dtype=np.float32)
     ds = tf.data.Dataset.from_tensor_slices((xs, xs[:, :1])).batch(128).cache()
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(dim, activation="relu"), keras.layers.Dense(1)])
+    class DeviceWait(keras.layers.Layer):  # type: ignore[misc]
+        def call(self, x: tf.Tensor) -> tf.Tensor:
+            def wait(t: tf.Tensor) -> tf.Tensor:
+                time.sleep(wait_ms / 1e3)
+                return t
+
+            y = tf.py_function(wait, [x], tf.float32)
+            y.set_shape(x.shape)
+            return y
+
+    waits = [DeviceWait()] if wait_ms else []
+    model = keras.Sequential([keras.Input((64,)), *waits, keras.layers.Dense(dim, activation="relu"),
+                              keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     model.fit(ds, epochs=1, verbose=0)
     fits: dict[str, list[float]] = {"A": [], "A'": [], "B": []}
@@ -145,21 +168,80 @@ def keras_arms(block: int, out: str, dim: int) -> tuple[dict[str, Callable[[], f
     return {"A": lambda: timed("A", ds, []), "A'": lambda: timed("A'", ds, []), "B": tracked}, fits
 
 
+def keras_jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0) -> dict[str, Callable[[], float]]:
+    """Keras on the JAX backend (this process's Keras must be on it): each arm one ``fit`` of ``block`` steps on
+    arrays in memory, timed from its first train call to the epoch's end, when Keras has read the last logs (the
+    host dispatches ahead of the device: the time between two calls is not the step's). ``wait_ms``: a
+    ``jax.pure_callback`` that sleeps inside the jitted step, as a GPU kernel of known length."""
+    import jax
+    import keras
+    import numpy as np
+
+    from gpuidle.keras import GpuidleCallback
+
+    class DeviceWait(keras.layers.Layer):  # type: ignore[misc]
+        def call(self, x: jax.Array) -> jax.Array:
+            def wait(t: np.ndarray) -> np.ndarray:
+                time.sleep(wait_ms / 1e3)
+                return t
+
+            shape = jax.ShapeDtypeStruct(x.shape, x.dtype)  # type: ignore[no-untyped-call]
+            out: jax.Array = jax.pure_callback(wait, shape, x)
+            return out
+
+    xs = np.random.default_rng(0).random((128 * block, 64), dtype=np.float32)
+    waits = [DeviceWait()] if wait_ms else []
+    model = keras.Sequential([keras.Input((64,)), *waits, keras.layers.Dense(dim, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(xs, xs[:, :1], batch_size=128, epochs=1, verbose=0)
+
+    class Span(keras.callbacks.Callback):  # type: ignore[misc]
+        """From the first train call to the epoch's end, when Keras has the last logs (no batch-end hook: Keras's
+        dispatch of batch callbacks stays as it is)."""
+
+        def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
+            if batch == 0:
+                self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch: int, logs: object = None) -> None:
+            self.t1 = time.perf_counter()
+
+    def timed(callbacks: list[keras.callbacks.Callback]) -> float:
+        span = Span()
+        model.fit(xs, xs[:, :1], batch_size=128, epochs=1, verbose=0, shuffle=False, callbacks=[*callbacks, span])
+        return (span.t1 - span.t0) / block
+
+    def tracked() -> float:
+        return timed([GpuidleCallback(out, every=min(50, max(1, block // 3)), log_every=None, ledger=False,
+                                      log=lambda line: None)])
+
+    return {"A": lambda: timed([]), "A'": lambda: timed([]), "B": tracked}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=["jax", "keras"])
+    p.add_argument("--only", choices=["jax", "keras", "keras-jax"],
+                   help="keras-jax: Keras on its JAX backend (run alone: Keras takes one backend per process)")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--block", type=int, default=40)
     p.add_argument("--dim", type=int, default=512,
                    help="the model's width (JAX: 4096 gives ms-long steps on a GPU; Keras: 8192, ~10 ms CPU steps)")
+    p.add_argument("--wait-ms", type=float, default=0.0,
+                   help="Keras: each step also waits this long inside the train function, the CPU free (as for a GPU)")
     args = p.parse_args()
+    if args.only == "keras-jax":
+        os.environ["KERAS_BACKEND"] = "jax"
     with tempfile.TemporaryDirectory() as out:
         if args.only in (None, "jax"):
             report("jax", ab(jax_arms(args.block, os.path.join(out, "jax"), args.dim), args.rounds))
         if args.only in (None, "keras"):
-            arms, fits = keras_arms(args.block, os.path.join(out, "keras"), args.dim)
+            arms, fits = keras_arms(args.block, os.path.join(out, "keras"), args.dim, args.wait_ms)
             report("keras per step", ab(arms, args.rounds))
             report("keras whole fit", fits)
+        if args.only == "keras-jax":
+            report("keras on jax, per step", ab(keras_jax_arms(args.block, os.path.join(out, "keras_jax"), args.dim,
+                                                                args.wait_ms), args.rounds))
 
 
 if __name__ == "__main__":
