@@ -140,3 +140,40 @@ def test_the_callback_for_the_backend_keras_runs_on(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "JAX backend" in proc.stdout
     assert "'tensorflow'" in proc.stdout
+
+
+def test_a_fit_that_raised_leaves_no_timing_behind(tmp_path: Path) -> None:
+    """Keras calls no on_train_end when fit raises: the next fit's callback closes the first one's tracker (its
+    steps written, its sync wrappers let go) and wraps the model's own train function, not the first wrapper."""
+    code = f"""
+import os, sys
+os.environ["KERAS_BACKEND"] = "jax"
+import keras, numpy as np
+from gpuidle.keras import GpuidleCallback
+x = np.ones((64, 8), np.float32)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+class Boom(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 2:
+            raise RuntimeError("boom")
+try:
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0,
+              callbacks=[GpuidleCallback({str(tmp_path / "a")!r}, ledger=False, log=lambda line: None), Boom()])
+except RuntimeError:
+    pass
+second = GpuidleCallback({str(tmp_path / "b")!r}, ledger=False, log=lambda line: None)
+model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[second])
+print(second.steps_done, model.train_function.__gpuidle_wraps__ is None if hasattr(model.train_function,
+      "__gpuidle_wraps__") else "unwrapped")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["8", "unwrapped"]
+    report = analyze_tracker([tmp_path / "b"])
+    assert len(report.ranks[0].steps) == 8
+    assert not any("another gpuidle JAX tracker" in n for n in report.ranks[0].notes)  # the first one let go
+    first = analyze_tracker([tmp_path / "a"])
+    assert len(first.ranks[0].steps) == 2
+    assert any("a fit that raised" in n for n in first.ranks[0].notes)

@@ -421,10 +421,15 @@ class StepTracker(TrackerBase):
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         if kind is None:
             self.close()
-        elif not self._closed:
+        else:
+            self.abandon(kind.__name__)
+
+    def abandon(self, why: str) -> None:
+        """The loop ended by ``why`` (an error): write the steps so far, release the syncs' wrappers, no exchange."""
+        if not self._closed:
             self._closed = True
             self._stop()
-            self._abandon(kind.__name__)
+            self._abandon(why)
 
 
 def process_allgather(rows: np.ndarray) -> np.ndarray:

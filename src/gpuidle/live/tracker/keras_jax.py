@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -38,10 +39,18 @@ if TYPE_CHECKING:
     from gpuidle.model import AnalysisReport
 
 PHASE = "train_step"
+WRAPPED = "__gpuidle_wraps__"
+"""The train function a timing wrapper wraps: a later fit's callback wraps that one, never the wrapper."""
+TRACKER = "__gpuidle_tracker__"
+"""The tracker a timing wrapper feeds: closed by a later fit's callback if its own fit raised."""
 BACKEND_NOTE = "Keras {version} on the JAX backend: the train function's fetch and dispatch timed, the device watched"
 EXECUTION_NOTE = ("steps_per_execution={k}: a step here is one train call of up to {k} batches; the data waits "
                   "after its first batch count as busy (the device may still have been working): the data share "
                   "is a lower bound")
+
+
+_FITTING: weakref.WeakSet[StepTracker] = weakref.WeakSet()
+"""Trackers of fits that began and have not ended."""
 
 
 class _TimedFeed:
@@ -97,6 +106,9 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
             raise GpuidleError(f"this callback times Keras 3 on the JAX backend, not Keras {keras.__version__} on "
                                f"{keras.backend.backend()!r}", "use gpuidle.keras.GpuidleCallback")
         super().__init__()
+        for stale in list(_FITTING):  # their fits raised (Keras calls no on_train_end then): their syncs' wrappers
+            stale.abandon("a fit that raised")  # would keep this tracker from timing the syncs
+        _FITTING.clear()
         self._tracker = StepTracker(
             out_dir, phases=[PHASE], every=every, log_every=log_every, clock=clock, rank=rank, world_size=world_size,
             log=log, summary_steps=summary_steps, label=label, ledger=ledger, prometheus_port=prometheus_port,
@@ -137,10 +149,14 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
             self._log(f"gpuidle cannot time this fit (steps_per_execution={k!r}, train function {function!r}); "
                       "the fit runs untimed")
             return
+        while hasattr(function, WRAPPED):  # a fit that raised never reached on_train_end to unwrap it and close
+            getattr(function, TRACKER).abandon("a fit that raised")
+            function = getattr(function, WRAPPED)
         if k > 1:
             self._tracker.note(EXECUTION_NOTE.format(k=k))
         self._original = function
         model.train_function = self._timed(function)
+        _FITTING.add(self._tracker)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._new_pass = True  # what ran between epochs (evaluation) is no step's idle
@@ -150,6 +166,7 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
             return
         self.model.train_function = self._original
         self._original = None
+        _FITTING.discard(self._tracker)
         self.close()
 
     def close(self) -> AnalysisReport | None:
@@ -160,6 +177,8 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
         tracker = self._tracker
 
         def train_function(state: Any, iterator: Iterator[Any]) -> Any:
+            if tracker._closed:
+                return function(state, iterator)
             feed = _TimedFeed(tracker, iterator, self._new_pass)
             self._new_pass = False
             try:
@@ -170,4 +189,6 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
             tracker.step(logs)
             return out
 
+        setattr(train_function, WRAPPED, function)
+        setattr(train_function, TRACKER, tracker)
         return train_function
