@@ -18,7 +18,9 @@ pytest.importorskip("keras")
 
 from gpuidle.advice.frameworks import KERAS
 from gpuidle.api import analyze_tracker
+from gpuidle.ledger import Ledger
 from gpuidle.model import AnalysisReport, StepReport
+from gpuidle.report.jsonout import load_report
 
 FIT = Path(__file__).with_name("keras_jax_fit.py")
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -177,3 +179,39 @@ print(second.steps_done, model.train_function.__gpuidle_wraps__ is None if hasat
     first = analyze_tracker([tmp_path / "a"])
     assert len(first.ranks[0].steps) == 2
     assert any("a fit that raised" in n for n in first.ranks[0].notes)
+
+
+def test_the_fit_is_served_to_prometheus_and_recorded_in_the_ledger(tmp_path: Path) -> None:
+    """As for PyTorch: rank 0 serves the gpuidle_tracker_* series while the fit runs, and the job summary is a run
+    in the ledger, its fixes in Keras's words."""
+    code = f"""
+import json, os, urllib.request
+os.environ["KERAS_BACKEND"] = "jax"
+import keras, numpy as np
+from gpuidle.keras import GpuidleCallback
+x = np.ones((256, 8), np.float32)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+cb = GpuidleCallback({str(tmp_path / "run")!r}, every=4, ledger={str(tmp_path / "ledger.sqlite")!r},
+                     prometheus_port=0, label="keras-jax", log=lambda line: None)
+scraped = []
+class Scrape(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 0:
+            with urllib.request.urlopen(f"http://127.0.0.1:{{cb.prometheus_port}}/metrics", timeout=10) as r:
+                scraped.append(r.read().decode())
+model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=[cb, Scrape()])
+print(json.dumps(scraped[0].splitlines()))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = json.loads(proc.stdout.strip().splitlines()[-1])
+    step = [line for line in lines if line.startswith("gpuidle_tracker_step_seconds{")]
+    assert step
+    assert 'rank="0"' in step[0]
+    assert float(step[0].rsplit(" ", 1)[1]) > 0
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        (run,) = ledger.runs()
+    assert (run.kind, run.label) == ("tracker", "keras-jax")
+    assert load_report(run.report).source.framework == "keras"

@@ -27,6 +27,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -129,8 +130,26 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
         return self._tracker.steps_done
 
     @property
-    def out_dir(self) -> Any:
+    def out_dir(self) -> Path:
         return self._tracker.out_dir
+
+    @property
+    def path(self) -> Path:
+        """This rank's log, ``rank-<r>.jsonl``."""
+        return self._tracker.path
+
+    @property
+    def rank(self) -> int:
+        return self._tracker.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._tracker.world_size
+
+    @property
+    def prometheus_port(self) -> int | None:
+        """The port rank 0 serves its metrics on until the fit ends, None when it serves none."""
+        return self._tracker.prometheus_port
 
     def dataset(self, ds: Any) -> Any:
         """``ds`` as it is: on the JAX backend the batches are fetched in Python, where their wait is timed."""
