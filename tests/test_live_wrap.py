@@ -37,7 +37,10 @@ class Run:
         cmd = [sys.executable, "-m", "gpuidle", "run", "--quiet", "--interval", "0.1", "--no-dcgm",
                "--out", str(self.log), "--summary", str(self.summary), "--json", *options,
                "--", sys.executable, "-c", textwrap.dedent(code)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # SIGINT as a terminal gives it: a test run started in the background by a shell inherits it ignored,
+        # and the command would inherit that too
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def line(self) -> str:
         assert self.proc.stdout is not None
