@@ -3,7 +3,6 @@ never an error inside the loop, and no JAX imported by ``import gpuidle`` or ``g
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -20,23 +19,15 @@ from gpuidle.errors import GpuidleError  # noqa: E402
 from gpuidle.live.tracker.jax_tracker import HostStep, StepTracker, overlap  # noqa: E402
 from gpuidle.model import TRACKER_SUMMARY, AnalysisReport  # noqa: E402
 from gpuidle.sources.tracker import read_summary  # noqa: E402
+from job_scripts import PYTHONPATH, run_job  # noqa: E402
 
 LOOP = Path(__file__).with_name("jax_loop.py")
-SRC = str(Path(__file__).resolve().parent.parent / "src")
-PYTHONPATH = os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])])
-"""This checkout's sources first, then whatever the environment adds (packages installed beside the interpreter)."""
 HANG_GUARD_S = 300
 """Not a performance bound: only so that a rendezvous that never completes fails the test."""
 
 
 def run_loop(out: Path, mode: str, rank: int = 0, world: int = 1, steps: int = 60) -> dict[str, float]:
-    """One process of the loop; on the CPU unless GPUIDLE_JAX_PLATFORMS names another (tests/gpu/check.sh: cuda)."""
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": str(world),
-           "JAX_PLATFORMS": os.environ.get("GPUIDLE_JAX_PLATFORMS", "cpu")}
-    proc = subprocess.run([sys.executable, str(LOOP), str(out), mode, str(steps)], capture_output=True, text=True,
-                          env=env, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return run_job(LOOP, out, mode, steps, rank, world)
 
 
 def shares(report: AnalysisReport, rank: int = 0) -> dict[str, float]:

@@ -21,21 +21,15 @@ from gpuidle.api import analyze_tracker
 from gpuidle.ledger import Ledger
 from gpuidle.model import AnalysisReport, StepReport
 from gpuidle.report.jsonout import load_report
+from job_scripts import PYTHONPATH, run_job
 
 FIT = Path(__file__).with_name("keras_jax_fit.py")
-SRC = str(Path(__file__).resolve().parent.parent / "src")
-PYTHONPATH = os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])])
 DELAY_S = 0.02
 """The input's sleep per batch in ``data`` mode (tests/keras_jax_fit.py)."""
 
 
 def run_fit(out: Path, mode: str, rank: int = 0, world: int = 1, steps: int = 40) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": str(world),
-           "JAX_PLATFORMS": os.environ.get("GPUIDLE_JAX_PLATFORMS", "cpu"), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.run([sys.executable, str(FIT), str(out), mode, str(steps)], capture_output=True, text=True,
-                          env=env, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return run_job(FIT, out, mode, steps, rank, world)
 
 
 @pytest.fixture(scope="module")
