@@ -19,7 +19,7 @@ from gpuidle.errors import GpuidleError  # noqa: E402
 from gpuidle.live.tracker.jax_tracker import HostStep, StepTracker, overlap  # noqa: E402
 from gpuidle.model import TRACKER_SUMMARY, AnalysisReport  # noqa: E402
 from gpuidle.sources.tracker import read_summary  # noqa: E402
-from job_scripts import PYTHONPATH, run_job  # noqa: E402
+from job_scripts import PYTHONPATH, run_job, run_ranks  # noqa: E402
 
 LOOP = Path(__file__).with_name("jax_loop.py")
 HANG_GUARD_S = 300
@@ -107,15 +107,7 @@ def test_a_sync_fix_never_promises_the_hosts_own_work(runs: dict[str, tuple[Anal
 
 def test_two_processes_give_one_job_view_with_the_slow_rank_named(tmp_path: Path) -> None:
     out = tmp_path / "job"
-    procs = []
-    for rank, mode in ((0, "light"), (1, "slow")):
-        env = {**os.environ, "PYTHONPATH": PYTHONPATH, "GPUIDLE_RANK": str(rank), "GPUIDLE_WORLD_SIZE": "2",
-               "JAX_PLATFORMS": "cpu"}
-        procs.append(subprocess.Popen([sys.executable, str(LOOP), str(out), mode, "40"], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for p in procs:
-        _, err = p.communicate()
-        assert p.returncode == 0, err
+    run_ranks(LOOP, out, ["light", "slow"], 40)
     report = analyze_tracker([out])
     assert report.job is not None
     assert report.job.ranks_found == [0, 1]

@@ -21,7 +21,7 @@ from gpuidle.api import analyze_tracker
 from gpuidle.ledger import Ledger
 from gpuidle.model import AnalysisReport, StepReport
 from gpuidle.report.jsonout import load_report
-from job_scripts import PYTHONPATH, run_job
+from job_scripts import PYTHONPATH, run_job, run_ranks
 
 FIT = Path(__file__).with_name("keras_jax_fit.py")
 DELAY_S = 0.02
@@ -96,16 +96,7 @@ def test_steps_per_execution_is_one_step_per_call_with_a_note(runs: dict[str, tu
 
 def test_two_ranks_give_one_job_view_with_the_slow_rank_named(tmp_path: Path) -> None:
     out = tmp_path / "job"
-    procs = []
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "JAX_PLATFORMS": "cpu", "GPUIDLE_WORLD_SIZE": "2",
-           "TF_CPP_MIN_LOG_LEVEL": "3"}
-    for rank, mode in ((0, "fast"), (1, "slow")):
-        procs.append(subprocess.Popen([sys.executable, str(FIT), str(out), mode, "20"],
-                                      env={**env, "GPUIDLE_RANK": str(rank)}, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    for p in procs:
-        _, err = p.communicate()
-        assert p.returncode == 0, err[-3000:]
+    run_ranks(FIT, out, ["fast", "slow"], 20)
     report = analyze_tracker([out])
     assert report.job is not None
     assert report.job.ranks_found == [0, 1]
