@@ -211,10 +211,13 @@ class TerminalRenderer:
             for line in role_lines(c.parallelism, c.roles):
                 console.print(Text(f"  {line}", style="green"))
         k = r.kernels
-        facts = f"kernels: {k.count} ({pct(k.short_kernel_share)} of kernel time in kernels < 10 µs)"
-        if k.reduced_precision_gemm_share is not None:
-            facts += f" · GEMM/conv in fp16/bf16 or on matrix units: {pct(k.reduced_precision_gemm_share)}"
-        facts += f" · syncs/step {k.syncs_per_step:.1f} · .item()/step {k.item_calls_per_step:.1f}"
-        console.print(Text(facts, style="bright_black"))
+        if k.count:
+            facts = f"kernels: {k.count} ({pct(k.short_kernel_share)} of kernel time in kernels < 10 µs)"
+            if k.reduced_precision_gemm_share is not None:
+                facts += f" · GEMM/conv in fp16/bf16 or on matrix units: {pct(k.reduced_precision_gemm_share)}"
+            facts += f" · syncs/step {k.syncs_per_step:.1f} · .item()/step {k.item_calls_per_step:.1f}"
+            console.print(Text(facts, style="bright_black"))
+        elif k.syncs_per_step:  # step timing: no kernels seen, only the loop's syncs where the tracker timed them
+            console.print(Text(f"syncs/step {k.syncs_per_step:.1f}", style="bright_black"))
         for note in r.notes:
             console.print(Text(f"note: {note}", style="yellow"))
