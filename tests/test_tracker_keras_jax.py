@@ -129,6 +129,21 @@ def test_the_callback_for_the_backend_keras_runs_on(tmp_path: Path) -> None:
     assert "'tensorflow'" in proc.stdout
 
 
+def test_a_backend_without_a_callback_is_one_clear_error(tmp_path: Path) -> None:
+    """Keras on its torch backend: gpuidle.keras has no callback for it, and says which backends it times."""
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("torch")
+    code = ("import os; os.environ['KERAS_BACKEND'] = 'torch'\n"
+            "from gpuidle.errors import GpuidleError\n"
+            "from gpuidle.keras import GpuidleCallback\n"
+            f"try:\n    GpuidleCallback({str(tmp_path)!r})\nexcept GpuidleError as err:\n    print(err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "TensorFlow or JAX backend, not 'torch'" in proc.stdout
+    assert "KERAS_BACKEND=jax" in proc.stdout
+
+
 def test_a_fit_that_raised_leaves_no_timing_behind(tmp_path: Path) -> None:
     """Keras calls no on_train_end when fit raises: the next fit's callback closes the first one's tracker (its
     steps written, its sync wrappers let go) and wraps the model's own train function, not the first wrapper."""

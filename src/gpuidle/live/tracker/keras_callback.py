@@ -97,13 +97,18 @@ def tf_config_rank() -> tuple[int, int]:
 
 
 def check_keras() -> None:
-    """One clear error at construction: Keras 3 on the TensorFlow backend is what this callback reads."""
+    """One clear error at construction: Keras 3 on the TensorFlow backend is what this callback reads (on JAX,
+    ``gpuidle.keras`` gives the other one)."""
     major = int(keras.__version__.split(".")[0])
     if major < 3:
         raise GpuidleError(f"gpuidle.keras needs Keras 3, not {keras.__version__}", "pip install -U keras")
-    if keras.backend.backend() != "tensorflow":
-        raise GpuidleError(f"gpuidle.keras times Keras on the TensorFlow backend, not {keras.backend.backend()!r}",
+    backend = keras.backend.backend()
+    if backend == "jax":
+        raise GpuidleError("this callback times Keras on the TensorFlow backend, not 'jax'",
                            "import GpuidleCallback from gpuidle.keras: it gives the callback of the backend in use")
+    if backend != "tensorflow":
+        raise GpuidleError(f"gpuidle.keras times Keras on the TensorFlow or JAX backend, not {backend!r}",
+                           "set KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax")
 
 
 class Arrivals:
