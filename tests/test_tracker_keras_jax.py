@@ -108,48 +108,45 @@ def test_two_ranks_give_one_job_view_with_the_slow_rank_named(tmp_path: Path) ->
     assert "torch" not in fixes
 
 
+def under_backend(backend: str, code: str) -> str:
+    """What ``code`` prints in a process whose Keras runs on ``backend``."""
+    code = f"import os; os.environ['KERAS_BACKEND'] = {backend!r}\n" + code
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "JAX_PLATFORMS": "cpu",
+                               "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
+def construction_error(module: str, out: Path) -> str:
+    """The callback of ``module`` made: its GpuidleError's one line."""
+    return (f"from gpuidle.errors import GpuidleError\nfrom {module} import GpuidleCallback\n"
+            f"try:\n    GpuidleCallback({str(out)!r})\nexcept GpuidleError as err:\n    print(err)\n")
+
+
 def test_the_callback_for_the_backend_keras_runs_on(tmp_path: Path) -> None:
     """``gpuidle.keras`` gives the JAX backend's callback under KERAS_BACKEND=jax; used on the TensorFlow backend
     directly it is one clear error."""
-    code = ("import os; os.environ['KERAS_BACKEND'] = 'jax'\n"
-            "from gpuidle.keras import GpuidleCallback\n"
-            "print(GpuidleCallback.__module__)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "gpuidle.live.tracker.keras_jax"
-    code = ("import os; os.environ['KERAS_BACKEND'] = 'tensorflow'\n"
-            "from gpuidle.errors import GpuidleError\n"
-            "from gpuidle.live.tracker.keras_jax import GpuidleCallback\n"
-            f"try:\n    GpuidleCallback({str(tmp_path)!r})\nexcept GpuidleError as err:\n    print(err)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "JAX backend" in proc.stdout
-    assert "'tensorflow'" in proc.stdout
+    module = under_backend("jax", "from gpuidle.keras import GpuidleCallback\nprint(GpuidleCallback.__module__)")
+    assert module == "gpuidle.live.tracker.keras_jax"
+    error = under_backend("tensorflow", construction_error("gpuidle.live.tracker.keras_jax", tmp_path))
+    assert "JAX backend" in error
+    assert "'tensorflow'" in error
 
 
 def test_a_backend_without_a_callback_is_one_clear_error(tmp_path: Path) -> None:
     """Keras on its torch backend: gpuidle.keras has no callback for it, and says which backends it times."""
     pytest.importorskip("tensorflow")
     pytest.importorskip("torch")
-    code = ("import os; os.environ['KERAS_BACKEND'] = 'torch'\n"
-            "from gpuidle.errors import GpuidleError\n"
-            "from gpuidle.keras import GpuidleCallback\n"
-            f"try:\n    GpuidleCallback({str(tmp_path)!r})\nexcept GpuidleError as err:\n    print(err)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "TensorFlow or JAX backend, not 'torch'" in proc.stdout
-    assert "KERAS_BACKEND=jax" in proc.stdout
+    error = under_backend("torch", construction_error("gpuidle.keras", tmp_path))
+    assert "TensorFlow or JAX backend, not 'torch'" in error
+    assert "KERAS_BACKEND=jax" in error
 
 
 def test_a_fit_that_raised_leaves_no_timing_behind(tmp_path: Path) -> None:
     """Keras calls no on_train_end when fit raises: the next fit's callback closes the first one's tracker (its
     steps written, its sync wrappers let go) and wraps the model's own train function, not the first wrapper."""
     code = f"""
-import os, sys
-os.environ["KERAS_BACKEND"] = "jax"
 import keras, numpy as np
 from gpuidle.keras import GpuidleCallback
 x = np.ones((64, 8), np.float32)
@@ -166,13 +163,9 @@ except RuntimeError:
     pass
 second = GpuidleCallback({str(tmp_path / "b")!r}, ledger=False, log=lambda line: None)
 model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[second])
-print(second.steps_done, model.train_function.__gpuidle_wraps__ is None if hasattr(model.train_function,
-      "__gpuidle_wraps__") else "unwrapped")
+print(second.steps_done, "wrapped" if hasattr(model.train_function, "__gpuidle_wraps__") else "unwrapped")
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["8", "unwrapped"]
+    assert under_backend("jax", code).split() == ["8", "unwrapped"]
     report = analyze_tracker([tmp_path / "b"])
     assert len(report.ranks[0].steps) == 8
     assert not any("another gpuidle JAX tracker" in n for n in report.ranks[0].notes)  # the first one let go
@@ -185,8 +178,7 @@ def test_the_fit_is_served_to_prometheus_and_recorded_in_the_ledger(tmp_path: Pa
     """As for PyTorch: rank 0 serves the gpuidle_tracker_* series while the fit runs, and the job summary is a run
     in the ledger, its fixes in Keras's words."""
     code = f"""
-import json, os, urllib.request
-os.environ["KERAS_BACKEND"] = "jax"
+import json, urllib.request
 import keras, numpy as np
 from gpuidle.keras import GpuidleCallback
 x = np.ones((256, 8), np.float32)
@@ -203,10 +195,7 @@ class Scrape(keras.callbacks.Callback):
 model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=[cb, Scrape()])
 print(json.dumps(scraped[0].splitlines()))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = json.loads(under_backend("jax", code).splitlines()[-1])
     step = [line for line in lines if line.startswith("gpuidle_tracker_step_seconds{")]
     assert step
     assert 'rank="0"' in step[0]
