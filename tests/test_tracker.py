@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gpuidle.analysis.series import HOST_TIMED_NOTE, rank_report, split_steps, straggler_split
-from gpuidle.api import analyze
+from gpuidle.api import analyze, analyze_tracker
 from gpuidle.cli import main
 from gpuidle.errors import CorruptInput, GpuidleError, NotATrace
 from gpuidle.live.tracker import HostClock, Marker, StepTracker, batch_size, timed_hook
@@ -707,6 +707,9 @@ def test_profiling_without_cuda_warns_that_the_traces_have_no_device(tmp_path: P
     report = tr.close()
     assert report is not None
     assert any("no device activity" in n for n in report.ranks[0].notes)
+    # learnt after the log's header was written: in its end line, so analyze of the folder says it too
+    assert any("no device activity" in n for n in _lines(tmp_path / "rank-0.jsonl")[-1]["notes"])
+    assert any("no device activity" in n for n in analyze_tracker([tmp_path]).ranks[0].notes)
 
 
 def _two_ranks_with_buckets(out: Path, steps: int, every: int) -> StepTracker:

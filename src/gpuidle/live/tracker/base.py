@@ -84,7 +84,8 @@ class TrackerBase:
         self._closed = False
         self.report: AnalysisReport | None = None
         self._notes = notes
-        self._late_notes: list[str] = []
+        self._header_notes = len(notes)
+        """The notes written in the log's header; those added later go in its end line."""
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if rank == 0:
@@ -109,7 +110,6 @@ class TrackerBase:
 
     def note(self, text: str) -> None:
         """A note learnt after the log's header was written: in the log's end and the summary."""
-        self._late_notes.append(text)
         self._notes.append(text)
 
     @property
@@ -184,7 +184,7 @@ class TrackerBase:
 
     def _finish(self, notes: list[str]) -> None:
         self._file.write([TrackerEnd(steps=self._step, comm_hook=self._comm_hook, comm_settings=self._comm_settings,
-                                     notes=[*self._late_notes, *notes])])
+                                     notes=[*self._notes[self._header_notes:], *notes])])
         self._file.close()
         self._notes.extend(notes)
 

@@ -286,7 +286,8 @@ class StepTracker(TrackerBase):
         self._comm_hook, self._sharded_sink, self._comm_settings = watched.hook, watched.sink, watched.settings
         if watched.summary is not None:
             self._comm_summary = watched.summary
-        self._notes.extend(watched.notes)
+        for note in watched.notes:
+            self.note(note)
 
     def _bucket_ready(self, buffer: torch.Tensor) -> list[Any]:
         entry = [self._comm_clock.mark(), None, buffer.numel() * buffer.element_size()]
@@ -315,7 +316,7 @@ class StepTracker(TrackerBase):
         where = Path(out_dir) if out_dir is not None else self.out_dir / "profile"
         self._window.start(steps, self._step, where, self.rank, record_shapes=record_shapes, with_stack=with_stack)
         if not torch.cuda.is_available() and NO_DEVICE_NOTE not in self._notes:
-            self._notes.append(NO_DEVICE_NOTE)
+            self.note(NO_DEVICE_NOTE)
             if self.rank == 0:
                 self._log(NO_DEVICE_NOTE)
         return where
