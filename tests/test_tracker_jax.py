@@ -18,6 +18,8 @@ from gpuidle.api import analyze_tracker  # noqa: E402
 from gpuidle.errors import GpuidleError  # noqa: E402
 from gpuidle.live.tracker.jax_tracker import HostStep, StepTracker, overlap  # noqa: E402
 from gpuidle.model import TRACKER_SUMMARY, AnalysisReport  # noqa: E402
+from gpuidle.report.common import RenderOptions  # noqa: E402
+from gpuidle.report.terminal import TerminalRenderer  # noqa: E402
 from gpuidle.sources.tracker import read_summary  # noqa: E402
 from job_scripts import PYTHONPATH, run_job, run_ranks  # noqa: E402
 
@@ -76,6 +78,11 @@ def test_float_loss_every_step_is_host_sync(runs: dict[str, tuple[AnalysisReport
     assert "float(" in rec.fix
     assert "torch" not in rec.fix
     assert report.ranks[0].kernels.syncs_per_step >= 1.0
+    # the terminal shows the loop's syncs, the tracker's count; no kernel line: step timing sees no kernels
+    text = TerminalRenderer().render(report, RenderOptions(width=200))
+    assert f"syncs/step {report.ranks[0].kernels.syncs_per_step:.1f}" in text
+    assert "kernels:" not in text
+    assert ".item()/step" not in text
     # without the sync the host's own work comes earlier by the time it was blocked; it does not vanish: the
     # step after the fix is no shorter than the loop's time outside float(loss), timed by the loop itself
     fix = next(r for r in report.recommendations if r.id == "remove_host_sync")
