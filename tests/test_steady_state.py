@@ -76,3 +76,16 @@ def test_real_traces_mark_steps_and_never_all(data: Path) -> None:
         assert 0 <= c.step_s_saved <= c.step_s_before
         # start-up costs (AlexNet's 6 s context creation, 3 s first launch) are in the window but in no cause
         assert d.busy_s + sum(d.idle_by_cause_s.values()) + d.startup_s == pytest.approx(d.window_s, abs=1e-9)
+
+
+def test_a_sliver_of_busy_time_makes_no_outlier() -> None:
+    """Data-bound steps of ~10 ms whose device is busy a few µs in one step and a few hundred in the next (its
+    completion stamps land in bursts) are all steady; a one-time wait in the compute of an ordinary-length step
+    (DDP rebuilding its buckets) is still left out."""
+    from gpuidle.analysis.steps import OUTLIER, steady_state
+
+    dur = [10.5, 10.6, 10.4, 10.7, 10.5, 10.6, 10.5, 10.4]
+    sliver = [0.005, 0.35, 0.004, 0.40, 0.006, 0.005, 0.37, 0.005]
+    assert steady_state(dur, busy=sliver) == [None] * 8
+    rebuilt = [6.0, 6.1, 9.9, 6.0, 6.2, 6.1, 6.0, 6.1]  # step 2's compute held a 3.8 ms one-time wait
+    assert steady_state(dur, busy=rebuilt) == [None, None, OUTLIER, None, None, None, None, None]

@@ -105,7 +105,9 @@ def steady_state(dur: npt.ArrayLike, disturbed: npt.ArrayLike | None = None,
     MAD are robust: up to half the steps can be slow without moving them. With ``busy``
     the same bound applies to each step's busy time too: a step of ordinary length whose
     compute phases held a one-time wait (DDP rebuilding its buckets in the second step's
-    forward waits there for every rank) is not a steady step either.
+    forward waits there for every rank) is not a steady step either; that excess must also
+    reach 25 % of the median step, so that a device busy for a sliver of a data-bound step
+    (a few µs in one step, a few hundred in the next) does not make half its steps outliers.
     """
     d = np.asarray(dur, dtype=np.float64)
     out: list[str | None] = [None] * d.size
@@ -117,7 +119,7 @@ def steady_state(dur: npt.ArrayLike, disturbed: npt.ArrayLike | None = None,
         return out
     beyond = _beyond(d, rest)
     if busy is not None:
-        beyond |= _beyond(np.asarray(busy, dtype=np.float64), rest)
+        beyond |= _beyond(np.asarray(busy, dtype=np.float64), rest, MIN_EXCESS * float(np.median(d[rest])))
     steady_seen = False
     for i in rest:
         if beyond[i]:
@@ -127,11 +129,11 @@ def steady_state(dur: npt.ArrayLike, disturbed: npt.ArrayLike | None = None,
     return out
 
 
-def _beyond(values: npt.NDArray[np.float64], rest: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
-    """Which steps lie beyond ``median + max(MAD_K · MAD, MIN_EXCESS · median)`` of the steps in ``rest``."""
+def _beyond(values: npt.NDArray[np.float64], rest: npt.NDArray[np.intp], least: float = 0.0) -> npt.NDArray[np.bool_]:
+    """Which steps lie beyond ``median + max(MAD_K · MAD, MIN_EXCESS · median, least)`` of the steps in ``rest``."""
     median = float(np.median(values[rest]))
     mad = 1.4826 * float(np.median(np.abs(values[rest] - median)))
-    out: npt.NDArray[np.bool_] = values > median + max(MAD_K * mad, MIN_EXCESS * median)
+    out: npt.NDArray[np.bool_] = values > median + max(MAD_K * mad, MIN_EXCESS * median, least)
     return out
 
 
