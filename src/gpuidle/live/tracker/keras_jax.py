@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 PHASE = "train_step"
 WRAPPED = "__gpuidle_wraps__"
 """The train function a timing wrapper wraps: a later fit's callback wraps that one, never the wrapper."""
-TRACKER = "__gpuidle_tracker__"
-"""The tracker a timing wrapper feeds: closed by a later fit's callback if its own fit raised."""
 BACKEND_NOTE = "Keras {version} on the JAX backend: the train function's fetch and dispatch timed, the device watched"
 EXECUTION_NOTE = ("steps_per_execution={k}: a step here is one train call of up to {k} batches; the data waits "
                   "after its first batch count as busy (the device may still have been working): the data share "
@@ -52,6 +50,14 @@ EXECUTION_NOTE = ("steps_per_execution={k}: a step here is one train call of up 
 
 _FITTING: weakref.WeakSet[StepTracker] = weakref.WeakSet()
 """Trackers of fits that began and have not ended."""
+
+
+def _close_stale_fits() -> None:
+    """Close the trackers of fits that raised (Keras calls no ``on_train_end`` then): their steps are written, and
+    their syncs' wrappers, held until then, let a new tracker time the syncs."""
+    for stale in list(_FITTING):
+        stale.abandon("a fit that raised")
+    _FITTING.clear()
 
 
 class _TimedFeed:
@@ -107,9 +113,7 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
             raise GpuidleError(f"this callback times Keras 3 on the JAX backend, not Keras {keras.__version__} on "
                                f"{keras.backend.backend()!r}", "use gpuidle.keras.GpuidleCallback")
         super().__init__()
-        for stale in list(_FITTING):  # their fits raised (Keras calls no on_train_end then): their syncs' wrappers
-            stale.abandon("a fit that raised")  # would keep this tracker from timing the syncs
-        _FITTING.clear()
+        _close_stale_fits()
         self._tracker = StepTracker(
             out_dir, phases=[PHASE], every=every, log_every=log_every, clock=clock, rank=rank, world_size=world_size,
             log=log, summary_steps=summary_steps, label=label, ledger=ledger, prometheus_port=prometheus_port,
@@ -168,8 +172,8 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
             self._log(f"gpuidle cannot time this fit (steps_per_execution={k!r}, train function {function!r}); "
                       "the fit runs untimed")
             return
-        while hasattr(function, WRAPPED):  # a fit that raised never reached on_train_end to unwrap it and close
-            getattr(function, TRACKER).abandon("a fit that raised")
+        _close_stale_fits()  # those that raised since this callback was made
+        while hasattr(function, WRAPPED):  # and never reached on_train_end to unwrap the model's train function
             function = getattr(function, WRAPPED)
         if k > 1:
             self._tracker.note(EXECUTION_NOTE.format(k=k))
@@ -209,5 +213,4 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
             return out
 
         setattr(train_function, WRAPPED, function)
-        setattr(train_function, TRACKER, tracker)
         return train_function
