@@ -50,6 +50,7 @@ def steady(report: AnalysisReport) -> list[StepReport]:
 def test_a_slow_input_is_data_loading_as_the_devices_idle(runs: dict[str, tuple[AnalysisReport, dict]]) -> None:
     report, truth = runs["data"]
     assert report.source.framework == "keras"
+    assert truth["tracked"] == truth["calls"] == len(report.ranks[0].steps)  # every train call, one step
     steps = steady(report)
     assert len(steps) >= 60
     # the fit's own clock: the tracker's step is the fit's period
@@ -84,6 +85,7 @@ def test_the_data_fix_promises_no_more_than_the_fit_without_the_wait(
 
 def test_steps_per_execution_is_one_step_per_call_with_a_note(runs: dict[str, tuple[AnalysisReport, dict]]) -> None:
     report, truth = runs["k4"]
+    assert truth["tracked"] == truth["calls"] == len(report.ranks[0].steps)  # one step per call of 4 batches
     assert any("steps_per_execution=4" in n and "lower bound" in n for n in report.ranks[0].notes)
     steps = steady(report)
     assert len(steps) >= 15
