@@ -78,9 +78,13 @@ def _gpuidle(path: str, extra: list[str], expect: int = 0) -> tuple[float, float
     orjson first (``wall`` still holds both whole processes). Its run is recorded in a fresh ledger of its
     own: a first run's cost, not one that grows with the ledger of the machine the benchmark runs on.
     """
+    import atexit
+    import shutil
     import tempfile
 
-    os.environ["GPUIDLE_LEDGER"] = os.path.join(tempfile.mkdtemp(prefix="gpuidle-bench-"), "ledger.sqlite")
+    ledger_dir = tempfile.mkdtemp(prefix="gpuidle-bench-")
+    atexit.register(shutil.rmtree, ledger_dir, True)
+    os.environ["GPUIDLE_LEDGER"] = os.path.join(ledger_dir, "ledger.sqlite")
     t0 = time.perf_counter()
     import gpuidle
     import gpuidle.api
