@@ -6,6 +6,7 @@
     python bench/tracker_overhead_frameworks.py --only keras --dim 8192 --block 60  # steps of ~10 ms
     python bench/tracker_overhead_frameworks.py --only keras --dim 64 --wait-ms 10     # a GPU-like 10 ms wait a step
     python bench/tracker_overhead_frameworks.py --only keras-jax --dim 64 --wait-ms 10 # Keras on its JAX backend
+    python bench/tracker_overhead_frameworks.py --only keras-jax --dim 64 --wait-ms 10 --switch-interval 0.0001
 
 Arms: A and A' (plain, identical: their difference is the noise floor) and B (tracked), run in
 blocks of ``--block`` steps, each round in another of the six orders of the arms, in one process on the same model and
@@ -32,6 +33,7 @@ import itertools
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -227,9 +229,14 @@ def main() -> None:
     p.add_argument("--block", type=int, default=40)
     p.add_argument("--dim", type=int, default=512,
                    help="the model's width (JAX: 4096 gives ms-long steps on a GPU; Keras: 8192, ~10 ms CPU steps)")
+    p.add_argument("--switch-interval", type=float, default=None, metavar="S",
+                   help="the interpreter's switch interval (sys.setswitchinterval; 0.005 by default): keras-jax's "
+                        "--wait-ms callback needs the interpreter lock, which a busy loop holds up to this long")
     p.add_argument("--wait-ms", type=float, default=0.0,
                    help="Keras: each step also waits this long inside the train function, the CPU free (as for a GPU)")
     args = p.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if args.only == "keras-jax":
         os.environ["KERAS_BACKEND"] = "jax"
     with tempfile.TemporaryDirectory() as out:
