@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from gpuidle.analysis.names import FOLDED, NameClasses
+import pytest
+
+from gpuidle.analysis.names import CONV, DATA_LOADING, ENGINE, FOLDED, GEMM, REDUCED_PRECISION, NameClasses
 
 
 def test_folded_patterns_are_lowercase() -> None:
@@ -39,3 +42,21 @@ def test_case_sensitive_facts_stay_case_sensitive() -> None:
     classes = NameClasses.of(["cudaStreamSynchronize", "CUDASTREAMSYNCHRONIZE", "ProfilerStep#3", "profilerstep#3"])
     assert classes.sync_call.tolist() == [True, False, False, False]
     assert classes.profiler_step.tolist() == [False, False, True, False]
+
+
+@pytest.mark.parametrize("trace", ["negative_queue_length_values_check__rank0.json.gz",
+                                   "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+                                   "h200_dataloader__before.pt.trace.json.gz"])
+def test_folded_patterns_match_as_ignorecase_on_real_names(data: Path, trace: str) -> None:
+    """The reference: each pattern compiled with ``IGNORECASE`` and searched in the names as written."""
+    from gpuidle.sources import kineto
+
+    strings = kineto.read(str(data / trace)).strings
+    classes = NameClasses.of(strings)
+    facts = (("data_loading", DATA_LOADING), ("engine", ENGINE), ("gemm", GEMM), ("conv", CONV),
+             ("reduced_precision", REDUCED_PRECISION))
+    for field, pattern in facts:
+        reference = re.compile(pattern.pattern, re.IGNORECASE)
+        expected = [reference.search(s) is not None for s in strings]
+        assert getattr(classes, field).tolist() == expected, field
+    assert any(getattr(classes, field).any() for field, _ in facts)  # each trace holds names they match

@@ -65,11 +65,10 @@ FOLDED = frozenset({DATA_LOADING, ENGINE, GEMM, CONV, REDUCED_PRECISION})
 """The patterns written in lowercase, for lowercased names."""
 
 
-def _mask(strings: list[str], test: re.Pattern[str] | frozenset[str], lowered: list[str]) -> np.ndarray:
+def _mask(strings: list[str], test: re.Pattern[str] | frozenset[str]) -> np.ndarray:
     if isinstance(test, frozenset):
         return np.fromiter((s in test for s in strings), dtype=bool, count=len(strings))
-    names = lowered if test in FOLDED else strings
-    return np.fromiter((test.search(s) is not None for s in names), dtype=bool, count=len(names))
+    return np.fromiter((test.search(s) is not None for s in strings), dtype=bool, count=len(strings))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,24 +98,28 @@ class NameClasses:
     @classmethod
     def of(cls, strings: list[str]) -> NameClasses:
         lowered = [s.lower() for s in strings]
+
+        def mask(test: re.Pattern[str] | frozenset[str]) -> np.ndarray:
+            return _mask(lowered if test in FOLDED else strings, test)
+
         return cls(
-            sync_call=_mask(strings, SYNC_CALLS, lowered),
-            memcpy_call=_mask(strings, MEMCPY_CALLS, lowered),
-            synchronous_memcpy=_mask(strings, SYNCHRONOUS_MEMCPY, lowered),
-            launch_call=_mask(strings, LAUNCH_CALLS, lowered),
-            item_op=_mask(strings, ITEM_OPS, lowered),
-            data_loading=_mask(strings, DATA_LOADING, lowered),
-            file_read=_mask(strings, FILE_READ, lowered),
-            collective_host=_mask(strings, COLLECTIVE_HOST, lowered),
-            profiler_step=_mask(strings, PROFILER_STEP, lowered),
-            optimizer_step=_mask(strings, OPTIMIZER_STEP, lowered),
-            region=_mask(strings, REGION, lowered),
-            zero_grad=_mask(strings, ZERO_GRAD, lowered),
-            training_op=_mask(strings, TRAINING_OPS, lowered),
-            compiled=_mask(strings, COMPILED, lowered),
-            graph_launch=_mask(strings, GRAPH_LAUNCH, lowered),
-            engine=_mask(strings, ENGINE, lowered),
-            gemm=_mask(strings, GEMM, lowered),
-            conv=_mask(strings, CONV, lowered),
-            reduced_precision=_mask(strings, REDUCED_PRECISION, lowered),
+            sync_call=mask(SYNC_CALLS),
+            memcpy_call=mask(MEMCPY_CALLS),
+            synchronous_memcpy=mask(SYNCHRONOUS_MEMCPY),
+            launch_call=mask(LAUNCH_CALLS),
+            item_op=mask(ITEM_OPS),
+            data_loading=mask(DATA_LOADING),
+            file_read=mask(FILE_READ),
+            collective_host=mask(COLLECTIVE_HOST),
+            profiler_step=mask(PROFILER_STEP),
+            optimizer_step=mask(OPTIMIZER_STEP),
+            region=mask(REGION),
+            zero_grad=mask(ZERO_GRAD),
+            training_op=mask(TRAINING_OPS),
+            compiled=mask(COMPILED),
+            graph_launch=mask(GRAPH_LAUNCH),
+            engine=mask(ENGINE),
+            gemm=mask(GEMM),
+            conv=mask(CONV),
+            reduced_precision=mask(REDUCED_PRECISION),
         )
