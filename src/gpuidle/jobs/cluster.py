@@ -92,6 +92,7 @@ class DaskCluster:
         killed: list[str] = []
         pending = set(futures)
         idle_s = 0.0
+        done = 0
         while pending:
             try:
                 finished, pending = wait(pending, timeout=POLL_S, return_when="FIRST_COMPLETED")  # type: ignore[no-untyped-call]
@@ -109,8 +110,9 @@ class DaskCluster:
                     killed.append(futures[fut])
                 else:
                     out.extend(_outcome(fut, futures[fut]))
+                done += 1  # one at a time: tasks that finish together still count 1, 2, ...
                 if progress:
-                    progress("ranks", len(futures) - len(pending), len(futures))
+                    progress("ranks", done, len(futures))
         return out, sorted(killed)
 
     def _workers(self, client: Any) -> int:
