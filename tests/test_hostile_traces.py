@@ -24,7 +24,7 @@ from conftest import DATA
 from gpuidle import api
 from gpuidle.cli import main
 from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound
-from gpuidle.sources import inputs, jsonstream, kineto, kineto_columns, kineto_events
+from gpuidle.sources import inputs, jsonstream, kineto, kineto_events, kineto_read, kineto_scan
 from minitrace import Trace
 from permissions import unprivileged
 
@@ -224,9 +224,9 @@ def big_trace(kernels: int) -> str:
 def reading_work(path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> tuple[int, str]:
     """Bytes the reader hands to the decoder or copies out of its buffer, in all; and how reading ended."""
     total = 0
-    decode = kineto_events.decode_chunk
+    decode = kineto_scan.scan_or_decode
 
-    def counting(text: bytes) -> list[Any]:
+    def counting(text: bytes) -> Any:
         nonlocal total
         total += len(text)
         return decode(text)
@@ -238,8 +238,8 @@ def reading_work(path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> tup
         return copy
 
     monkeypatch.setattr(jsonstream, "CHUNK", chunk)
-    monkeypatch.setenv(kineto_columns.WORKERS_ENV, "1")  # in this process, where the counting is
-    monkeypatch.setattr(kineto_columns, "decode_chunk", counting)  # read() decodes through this name
+    monkeypatch.setenv(kineto_read.WORKERS_ENV, "1")  # in this process, where the counting is
+    monkeypatch.setattr(kineto_read, "scan_or_decode", counting)  # read() decodes through this name
     monkeypatch.setattr(jsonstream, "bytes", copying, raising=False)  # found before the builtin
     try:
         kineto.read(str(path))

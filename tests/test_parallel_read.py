@@ -17,7 +17,7 @@ import pytest
 from conftest import DATA
 from gpuidle.errors import CorruptInput, GpuidleError
 from gpuidle.model import Timeline
-from gpuidle.sources import jsonstream, kineto, kineto_columns
+from gpuidle.sources import jsonstream, kineto, kineto_read
 
 TRACES = [
     "nccl_parser_config__nccl_data.json.gz",
@@ -40,7 +40,7 @@ def _columns(tl: Timeline) -> dict[str, Any]:
 
 
 def _read(path: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    monkeypatch.setenv(kineto_columns.WORKERS_ENV, str(workers))
+    monkeypatch.setenv(kineto_read.WORKERS_ENV, str(workers))
     return _columns(kineto.read(str(path)))
 
 
@@ -57,13 +57,13 @@ def test_every_core_reads_what_one_process_reads(name: str, monkeypatch: pytest.
 def _reads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Each read of the file on every core: True while its cuts are taken on trust."""
     passes: list[bool] = []
-    read_on = kineto_columns._read_on
+    read_on = kineto_read._read_on
 
     def counted(workers: int, stream: Any, path: str, trusted: bool) -> Any:
         passes.append(trusted)
         return read_on(workers, stream, path, trusted)
 
-    monkeypatch.setattr(kineto_columns, "_read_on", counted)
+    monkeypatch.setattr(kineto_read, "_read_on", counted)
     return passes
 
 
@@ -108,7 +108,7 @@ def test_damage_reads_the_same_error_on_every_core(tmp_path: Path, damage: str,
     monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)
     errors = []
     for workers in (1, 2):
-        monkeypatch.setenv(kineto_columns.WORKERS_ENV, str(workers))
+        monkeypatch.setenv(kineto_read.WORKERS_ENV, str(workers))
         with pytest.raises(CorruptInput) as err:
             kineto.read(str(path))
         errors.append(str(err.value))
@@ -117,21 +117,21 @@ def test_damage_reads_the_same_error_on_every_core(tmp_path: Path, damage: str,
 
 def test_who_reads_on_every_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     small = DATA / "nccl_parser_config__nccl_data.json.gz"
-    monkeypatch.delenv(kineto_columns.WORKERS_ENV, raising=False)
-    assert kineto_columns.read_workers(str(small)) == 1  # small: this process
+    monkeypatch.delenv(kineto_read.WORKERS_ENV, raising=False)
+    assert kineto_read.read_workers(str(small)) == 1  # small: this process
     big = tmp_path / "big.json"
     with big.open("wb") as f:  # sparse: the size alone decides
-        f.truncate(kineto_columns.PARALLEL_FROM)
-    monkeypatch.setattr(kineto_columns.os, "sched_getaffinity", lambda _: {0, 1, 2}, raising=False)
-    assert kineto_columns.read_workers(str(big)) == 3
-    assert kineto_columns.read_workers(str(tmp_path / "missing.json")) == 1  # the stream says why, in its words
-    assert kineto_columns.read_workers("s3://bucket/big.json.gz") == 1  # no request just to learn its size
-    monkeypatch.setenv(kineto_columns.WORKERS_ENV, "4")
-    assert kineto_columns.read_workers(str(small)) == 4
-    monkeypatch.setenv(kineto_columns.WORKERS_ENV, "many")
+        f.truncate(kineto_read.PARALLEL_FROM)
+    monkeypatch.setattr(kineto_read.os, "sched_getaffinity", lambda _: {0, 1, 2}, raising=False)
+    assert kineto_read.read_workers(str(big)) == 3
+    assert kineto_read.read_workers(str(tmp_path / "missing.json")) == 1  # the stream says why, in its words
+    assert kineto_read.read_workers("s3://bucket/big.json.gz") == 1  # no request just to learn its size
+    monkeypatch.setenv(kineto_read.WORKERS_ENV, "4")
+    assert kineto_read.read_workers(str(small)) == 4
+    monkeypatch.setenv(kineto_read.WORKERS_ENV, "many")
     with pytest.raises(GpuidleError, match="not a number of processes"):
-        kineto_columns.read_workers(str(small))
-    monkeypatch.setenv(kineto_columns.WORKERS_ENV, "4")
+        kineto_read.read_workers(str(small))
+    monkeypatch.setenv(kineto_read.WORKERS_ENV, "4")
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
-    assert kineto_columns.read_workers(str(big)) == 1  # a worker itself (a job's rank, a Dask task): never
-    assert kineto_columns.read_workers(str(small)) == 1
+    assert kineto_read.read_workers(str(big)) == 1  # a worker itself (a job's rank, a Dask task): never
+    assert kineto_read.read_workers(str(small)) == 1

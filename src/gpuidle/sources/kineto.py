@@ -32,8 +32,9 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
-from gpuidle.sources.kineto_columns import MAX_SPAN_US, read_columns
+from gpuidle.sources.kineto_columns import MAX_SPAN_US
 from gpuidle.sources.kineto_events import I32_MAX
+from gpuidle.sources.kineto_read import read_columns
 
 _COLLECTIVE_KERNEL = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.IGNORECASE)
 

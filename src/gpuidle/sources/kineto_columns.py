@@ -1,36 +1,24 @@
-"""Kineto events to numpy columns, chunk by chunk: in this process, or on every core for a big trace.
+"""A chunk's Kineto events as numpy columns: the model's device ops, host events and collectives.
 
-The reader's stream (:mod:`gpuidle.sources.jsonstream`) cuts the event list into chunks of a few
-MiB. A small trace's chunks are decoded and turned into columns here, one at a time. A big one's
-are only inflated and cut here, then decoded and turned into columns in worker processes, a few
-chunks in flight; the columns come back in the file's order and are merged: names and threads
-re-interned, so the ids are those a serial read gives. No per-event object crosses a process:
-only the chunk's text out and its arrays back. Those cuts are taken on trust (a ``},{`` inside a
-string or a nested object is not an event's end): a chunk that does not decode starts the read
-again with each cut checked here for its syntax (a scan that creates no objects, and fails
-exactly where the typed decoder would), so a cut inside an event, and bad bytes, are found and
-worded as a serial read finds and words them.
+A chunk arrives either as columns read by the compiled scanner (:class:`~gpuidle.sources.kineto_scan.Scanned`)
+or as decoded events; both give the same columns, ids and skipped counts. Names and threads get ids in the order
+they first appear, device events before host events within a chunk; chunks built elsewhere (another process) are
+merged in the file's order and re-interned, so the ids are those one serial read gives.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import sys
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from itertools import repeat
 from operator import attrgetter, ne
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from gpuidle.errors import CorruptInput, GpuidleError
 from gpuidle.model import I64, DeviceOpKind, HostKind
-from gpuidle.sources.inputs import is_url
-from gpuidle.sources.jsonstream import TraceStream
 from gpuidle.sources.kineto_events import (
     EMPTY_ARGS,
     I32_MAX,
@@ -38,16 +26,13 @@ from gpuidle.sources.kineto_events import (
     I64_MAX,
     Args,
     Event,
-    decode_chunk,
     fit,
     fits_int32,
     float_field,
     int64,
     int64_field,
 )
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future
+from gpuidle.sources.kineto_scan import Scanned
 
 MAX_TS_US = float(1 << 62) / 1000
 """The latest timestamp read, in µs (year 2116 as Unix time): nanoseconds past it overflow int64."""
@@ -92,6 +77,7 @@ def dtype_bytes(dtype: str) -> int:
 
 
 _CAT, _PH, _NAME = attrgetter("cat"), attrgetter("ph"), attrgetter("name")
+_ARGS = msgspec.json.Decoder(Args)
 _CODE = {**{c: int(k) for c, k in _DEVICE_CATS.items()}, **{c: 10 + int(k) for c, k in _HOST_CATS.items() if k >= 0}}
 """Category -> 0..3 device kind, or 10 + host kind; anything else is skipped."""
 
@@ -125,7 +111,18 @@ class Columns:
     def threads(self) -> list[tuple[str, str]]:
         return [(str(p), str(t)) for p, t in self.thread_ids]
 
-    def add(self, events: list[Event]) -> None:
+    def add(self, chunk: Scanned | list[Event]) -> None:
+        """Append one chunk's events, scanned or decoded."""
+        if isinstance(chunk, Scanned):
+            self._add_scanned(chunk)
+        else:
+            self._add_events(chunk)
+
+    def done_adding(self) -> None:
+        """Drop what only adding needs, before the columns travel to another process."""
+        self._collective_ids.clear()
+
+    def _add_events(self, events: list[Event]) -> None:
         self.events += len(events)
         code = np.fromiter(map(_CODE.get, map(_CAT, events), repeat(-1)), np.int8, len(events))
         coded = np.flatnonzero(code >= 0)
@@ -133,13 +130,12 @@ class Columns:
         code[coded[np.fromiter(map(ne, phases, repeat("X")), bool, coded.size)]] = -1  # only complete events
         if not self.dev["ts"]:  # no GPU activity yet: remember categories of other accelerators
             self.foreign.update(c for c in set(map(_CAT, events)) if _FOREIGN_ACCELERATOR.match(c))
-        sid = self.string_ids
-        known = len(sid)
+        known = len(self.string_ids)
         dev_rows = np.flatnonzero((code >= 0) & (code < 10))
         if dev_rows.size:
             evs = [events[i] for i in dev_rows]
             args = [e.args or EMPTY_ARGS for e in evs]
-            ts, dur = self._times(evs)
+            ts, dur = float_field(evs, "ts"), float_field(evs, "dur")
             pid, bad_pid = int64([e.pid if type(e.pid) is int else 0 for e in evs])
             device, bad_device = int64_field(args, "device")
             bad_pid &= device < 0  # the pid names the device only where args do not
@@ -150,50 +146,100 @@ class Columns:
             nbytes, bad_bytes = int64_field(args, "bytes")
             bad_id = bad_pid | bad_device | bad_stream | bad_corr | bad_bytes | ~fits_int32(device) \
                 | ~fits_int32(stream)
-            keep = self._keep(evs, ts, dur, bad_id)
+            keep = self._keep(lambda i: _described(evs[i].name, evs[i].ts, evs[i].dur), ts, dur, bad_id)
             if keep is not None:
                 evs = [evs[i] for i in keep]
                 ts, dur = ts[keep], dur[keep]
                 device, stream, corr, nbytes = device[keep], stream[keep], corr[keep], nbytes[keep]
                 dev_rows = dev_rows[keep]
             if evs:  # some may have been skipped
-                d = self.dev
-                d["ts"].append(ts)
-                d["dur"].append(dur)
-                d["device"].append(device)
-                d["stream"].append(stream)
-                d["kind"].append(code[dev_rows])
-                d["name"].append(self._name_ids(evs))
-                d["corr"].append(corr)
-                d["bytes"].append(nbytes)
+                self._append(self.dev, ts=ts, dur=dur, device=device, stream=stream, kind=code[dev_rows],
+                             name=self._name_ids(list(map(_NAME, evs))), corr=corr, bytes=nbytes)
         host_rows = np.flatnonzero(code >= 10)
         if host_rows.size:
             evs = [events[i] for i in host_rows]
-            ts, dur = self._times(evs)
+            ts, dur = float_field(evs, "ts"), float_field(evs, "dur")
             corr, bad_corr = int64_field([e.args or EMPTY_ARGS for e in evs], "correlation")
-            keep = self._keep(evs, ts, dur, bad_corr)
+            keep = self._keep(lambda i: _described(evs[i].name, evs[i].ts, evs[i].dur), ts, dur, bad_corr)
             if keep is not None:
                 evs = [evs[i] for i in keep]
                 ts, dur, corr = ts[keep], dur[keep], corr[keep]
                 host_rows = host_rows[keep]
             if evs:
-                h = self.host
-                h["ts"].append(ts)
-                h["dur"].append(dur)
-                h["thread"].append(self._thread_ids(evs))
                 kind = code[host_rows] - 10
-                h["kind"].append(kind)
-                names = self._name_ids(evs)
-                h["name"].append(names)
-                h["corr"].append(np.where(kind == HostKind.RUNTIME, corr, -1))
-                self._collective_ids.update(known + i for i, n in enumerate(list(sid)[known:])
-                                            if n == "record_param_comms" or n.startswith("nccl:"))
-                if self._collective_ids:
-                    for i in np.flatnonzero(np.isin(names, list(self._collective_ids))):
-                        e = evs[i]
-                        if e.args is not None:
-                            self._collective(self.hosts + int(i), e.name, e.args)
+                names = self._name_ids(list(map(_NAME, evs)))
+                threads = self._thread_ids([e.pid for e in evs], [e.tid for e in evs])
+                self._append(self.host, ts=ts, dur=dur, thread=threads, kind=kind, name=names,
+                             corr=np.where(kind == HostKind.RUNTIME, corr, -1))
+                for i in self._collective_rows(known, names):
+                    e = evs[i]
+                    if e.args is not None:
+                        self._collective(self.hosts + i, e.name, e.args)
                 self.hosts += len(evs)
+
+    def _add_scanned(self, s: Scanned) -> None:
+        """As :meth:`_add_events`, from the scanner's columns: the scanner read only values that need no
+        coercion and fit int64, so no id is out of range here but the device's and stream's int32."""
+        self.events += len(s)
+        strings = s.strings
+        code = np.array([_CODE.get(x, -1) for x in strings], np.int8)[s.cat]
+        code[np.array([x != "X" for x in strings], bool)[s.ph]] = -1  # only complete events
+        if not self.dev["ts"]:  # no GPU activity yet: remember categories of other accelerators
+            self.foreign.update(c for c in map(strings.__getitem__, np.unique(s.cat).tolist())
+                                if _FOREIGN_ACCELERATOR.match(c))
+        known = len(self.string_ids)
+
+        def described(rows: I64) -> Callable[[int], str]:
+            return lambda i: _described(strings[s.name[rows[i]]], float(s.ts[rows[i]]), float(s.dur[rows[i]]))
+
+        dev_rows = np.flatnonzero((code >= 0) & (code < 10))
+        if dev_rows.size:
+            ts, dur = s.ts[dev_rows], s.dur[dev_rows]
+            device = s.device[dev_rows]
+            device = np.where(device >= 0, device, np.where(s.pid_s[dev_rows] < 0, s.pid[dev_rows], 0))
+            stream = s.stream[dev_rows].copy()
+            unnamed = np.flatnonzero(stream < 0)
+            if unnamed.size:  # old traces name the stream in the tid
+                stream[unnamed] = _streams_of_tids(strings, s.tid_s[dev_rows[unnamed]], s.tid[dev_rows[unnamed]])
+            keep = self._keep(described(dev_rows), ts, dur, ~fits_int32(device) | ~fits_int32(stream))
+            if keep is not None:
+                ts, dur, device, stream, dev_rows = ts[keep], dur[keep], device[keep], stream[keep], dev_rows[keep]
+            if dev_rows.size:
+                self._append(self.dev, ts=ts, dur=dur, device=device, stream=stream, kind=code[dev_rows],
+                             name=self._scanned_name_ids(strings, s.name[dev_rows]), corr=s.corr[dev_rows],
+                             bytes=s.nbytes[dev_rows])
+        host_rows = np.flatnonzero(code >= 10)
+        if host_rows.size:
+            ts, dur = s.ts[host_rows], s.dur[host_rows]
+            keep = self._keep(described(host_rows), ts, dur, np.zeros(host_rows.size, bool))
+            if keep is not None:
+                ts, dur, host_rows = ts[keep], dur[keep], host_rows[keep]
+            if host_rows.size:
+                kind = code[host_rows] - 10
+                names = self._scanned_name_ids(strings, s.name[host_rows])
+                threads = self._scanned_thread_ids(s, host_rows)
+                self._append(self.host, ts=ts, dur=dur, thread=threads, kind=kind, name=names,
+                             corr=np.where(kind == HostKind.RUNTIME, s.corr[host_rows], -1))
+                for i in self._collective_rows(known, names):
+                    row = int(host_rows[i])
+                    if s.args_lo[row] >= 0:
+                        args = _ARGS.decode(s.text[s.args_lo[row]:s.args_hi[row]])
+                        self._collective(self.hosts + i, strings[s.name[row]], args)
+                self.hosts += int(host_rows.size)
+
+    @staticmethod
+    def _append(table: dict[str, list[np.ndarray]], **columns: np.ndarray) -> None:
+        for key, values in columns.items():
+            table[key].append(values)
+
+    def _collective_rows(self, known: int, names: I64) -> list[int]:
+        """Rows (of ``names``) that are collectives; ``known``: the names known before this chunk."""
+        sid = self.string_ids
+        self._collective_ids.update(known + i for i, n in enumerate(list(sid)[known:])
+                                    if n == "record_param_comms" or n.startswith("nccl:"))
+        if not self._collective_ids:
+            return []
+        return np.flatnonzero(np.isin(names, list(self._collective_ids))).tolist()
 
     def merge(self, part: Columns) -> None:
         """Append the columns of the next chunk, built elsewhere: its names and threads re-interned here."""
@@ -213,13 +259,10 @@ class Columns:
         self.events += part.events
         self.hosts += part.hosts
 
-    @staticmethod
-    def _times(evs: list[Event]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        return float_field(evs, "ts"), float_field(evs, "dur")
-
-    def _keep(self, evs: list[Event], ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64],
+    def _keep(self, describe: Callable[[int], str], ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64],
               bad_id: npt.NDArray[np.bool_]) -> I64 | None:
-        """Rows to keep when some events hold values the model cannot (None: keep all); the others are counted."""
+        """Rows to keep when some events hold values the model cannot (None: keep all); the others are counted,
+        the first of each reason described by ``describe(row)``."""
         with np.errstate(invalid="ignore"):
             bad_time = ~((ts >= 0) & (ts <= MAX_TS_US) & (dur >= 0) & (dur <= MAX_SPAN_US))  # NaN compares False
         bad = bad_time | bad_id
@@ -227,31 +270,52 @@ class Columns:
             return None
         for reason, rows in ((SKIP_TIME, np.flatnonzero(bad_time)), (SKIP_ID, np.flatnonzero(bad_id & ~bad_time))):
             if rows.size:
-                e = evs[int(rows[0])]
-                self.skipped.setdefault(reason, [0, f"{e.name[:60]!r} ts={e.ts!r} dur={e.dur!r}"])[0] += rows.size
+                self.skipped.setdefault(reason, [0, describe(int(rows[0]))])[0] += rows.size
         return np.flatnonzero(~bad)
 
-    def _name_ids(self, evs: list[Event]) -> I64:
+    def _name_ids(self, names: list[str]) -> I64:
         """Each event's name id; new names numbered in the order they first appear."""
-        names = list(map(_NAME, evs))
         sid = self.string_ids
         for name in dict.fromkeys(names):
             if name not in sid:
                 sid[name] = len(sid)
         return np.fromiter(map(sid.__getitem__, names), np.int64, len(names))
 
-    def _thread_ids(self, evs: list[Event]) -> I64:
-        """Thread index per event. Events come in runs of one thread, so with integer pid/tid the
-        interning is per run, not per event."""
+    def _scanned_name_ids(self, strings: list[str], local: npt.NDArray[np.int32]) -> I64:
+        """As :meth:`_name_ids`, from ids into the chunk's own ``strings``: each distinct name looked up once."""
+        distinct, first = np.unique(local, return_index=True)
+        ids = np.zeros(len(strings), np.int64)
+        sid = self.string_ids
+        for i in distinct[np.argsort(first)].tolist():
+            ids[i] = sid.setdefault(strings[i], len(sid))
+        return ids[local]
+
+    def _thread_ids(self, pid: list[int | str], tid: list[int | str]) -> I64:
+        """Thread index per event. Events come in runs of one thread, so the interning is per run, not per event
+        (integer pids and tids compared as arrays; any string, as the values themselves)."""
+        p, t = np.array(pid), np.array(tid)
+        if p.dtype.kind == "i" and t.dtype.kind == "i":
+            starts = _run_starts(_changes(p, t))
+        else:
+            pairs = list(zip(pid, tid, strict=True))
+            starts = _run_starts(np.fromiter(map(ne, pairs[1:], pairs), bool, len(pid) - 1))
+        return self._runs(starts, [(pid[i], tid[i]) for i in starts.tolist()], len(pid))
+
+    def _scanned_thread_ids(self, s: Scanned, rows: I64) -> I64:
+        """As :meth:`_thread_ids`, from the scanner's columns: a string pid or tid (``pid_s``, ``tid_s``) is its
+        string, an integer one its value."""
+        cols = s.pid[rows], s.pid_s[rows], s.tid[rows], s.tid_s[rows]
+        strings = s.strings
+        starts = _run_starts(_changes(*cols))
+        keys = [(strings[ps] if ps >= 0 else p, strings[ts] if ts >= 0 else t)
+                for p, ps, t, ts in zip(*(c[starts].tolist() for c in cols), strict=True)]
+        return self._runs(starts, keys, rows.size)
+
+    def _runs(self, starts: I64, keys: list[tuple[int | str, int | str]], n: int) -> I64:
+        """Each row's thread id, from the first row and thread of each run."""
         tids = self.thread_ids
-        pid = np.array([e.pid for e in evs])
-        tid = np.array([e.tid for e in evs])
-        if pid.dtype.kind != "i" or tid.dtype.kind != "i":
-            return np.array([tids.setdefault((e.pid, e.tid), len(tids)) for e in evs], dtype=np.int64)
-        key = pid.astype(np.int64) * (1 << 32) + (tid.astype(np.int64) & 0xFFFFFFFF)
-        starts = np.concatenate(([0], np.flatnonzero(key[1:] != key[:-1]) + 1))
-        ids = np.array([tids.setdefault((evs[i].pid, evs[i].tid), len(tids)) for i in starts], dtype=np.int64)
-        return np.repeat(ids, np.diff(np.append(starts, key.size)))
+        ids = np.array([tids.setdefault(k, len(tids)) for k in keys], dtype=np.int64)
+        return np.repeat(ids, np.diff(np.append(starts, n)))
 
     def _collective(self, index: int, name: str, a: Args) -> None:
         size = dtype_bytes(a.dtype) if a.dtype else -1
@@ -285,8 +349,39 @@ def _first_type(types_raw: bytes) -> str:
 
 def _stream_of(e: Event) -> int:
     """Old traces name the stream in the tid (``"stream 7"``) rather than in args."""
-    m = _STREAM_TID.search(str(e.tid))
-    return int(m.group(1)) if m else (e.tid if type(e.tid) is int else 0)
+    return _stream_in(e.tid) if isinstance(e.tid, str) else e.tid
+
+
+def _stream_in(tid: str) -> int:
+    m = _STREAM_TID.search(tid)
+    return int(m.group(1)) if m else 0
+
+
+def _streams_of_tids(strings: list[str], tid_s: npt.NDArray[np.int32], tid: I64) -> I64:
+    """:func:`_stream_of` for scanned events: a string tid's stream (each distinct tid read once), else the tid."""
+    named = tid_s >= 0
+    if not named.any():
+        return tid
+    streams = {i: _stream_in(strings[i]) for i in np.unique(tid_s[named]).tolist()}
+    return np.where(named, [streams.get(i, 0) for i in tid_s.tolist()], tid)
+
+
+def _changes(*columns: np.ndarray) -> npt.NDArray[np.bool_]:
+    """Where a row differs from the one before it in any column (one entry fewer than rows)."""
+    change = np.zeros(max(columns[0].size - 1, 0), bool)
+    for c in columns:
+        change |= c[1:] != c[:-1]
+    return change
+
+
+def _run_starts(change: npt.NDArray[np.bool_]) -> I64:
+    """The first row of each run of equal rows, given where rows change."""
+    return np.concatenate(([0], np.flatnonzero(change) + 1)).astype(np.int64)
+
+
+def _described(name: str, ts: float, dur: float) -> str:
+    """A skipped event, as the count of skipped events names its first one."""
+    return f"{name[:60]!r} ts={ts!r} dur={dur!r}"
 
 
 def _bytes_from_dims(dims_raw: bytes, types_raw: bytes) -> int:
@@ -309,131 +404,3 @@ def _bytes_from_dims(dims_raw: bytes, types_raw: bytes) -> int:
             n *= d
         total += n * size
     return fit(total) if total > 0 else -1
-
-
-def columns_of(text: bytes) -> Columns:
-    """One chunk's columns (a worker's task): the chunk's own ids, merged in order by :meth:`Columns.merge`."""
-    cols = Columns()
-    cols.add(decode_chunk(text))
-    cols._collective_ids.clear()  # only needed while adding
-    return cols
-
-
-PARALLEL_FROM = 32 << 20
-"""File bytes from which a trace is read on every core (a gzip trace of that size holds some 200 to 400 MiB
-of JSON): below, starting the workers costs about what they save."""
-WORKERS_ENV = "GPUIDLE_READ_WORKERS"
-"""Processes to decode one trace with, whatever its size (1: in this process); worker processes never fan out."""
-_SYNTAX = msgspec.json.Decoder(list[msgspec.Raw])
-
-
-def read_workers(path: str) -> int:
-    """Processes to decode ``path`` with: every core for a big local trace on Linux; 1 (this process) for a
-    small one, a remote one (its size would cost a request of its own), elsewhere than Linux, or when this is
-    itself a worker (a rank of a job, a Dask task). The process pool's modules load only when a pool is used."""
-    if sys.platform != "linux":  # workers are forked: safe on Linux only
-        return 1
-    given = os.environ.get(WORKERS_ENV, "").strip()
-    if given:
-        try:
-            workers = max(1, int(given))
-        except ValueError:
-            raise GpuidleError(f"{WORKERS_ENV}={given!r} is not a number of processes",
-                               "unset it, or give a whole number (1: read in this process)") from None
-    else:
-        try:
-            if is_url(path) or os.path.getsize(path) < PARALLEL_FROM:
-                return 1
-        except OSError:  # missing or unreadable: the stream says so in its own words
-            return 1
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if workers > 1:
-        import multiprocessing
-
-        if multiprocessing.parent_process() is not None:  # a worker forking workers of its own could deadlock
-            return 1
-    return workers
-
-
-def _checked(text: bytes) -> bytes:
-    """The chunk itself once its syntax holds; else the typed decoder's own error, as a serial read gives it."""
-    try:
-        _SYNTAX.decode(text)
-    except msgspec.DecodeError:
-        decode_chunk(text)  # raises the same error, worded as the typed decoder words it
-        raise
-    return text
-
-
-def _unchecked(text: bytes) -> bytes:
-    return text
-
-
-class _Recheck(Exception):
-    """A worker could not decode its chunk: a cut inside an event, or bad bytes. Read again, checking each cut."""
-
-
-def read_columns(path: str, progress: Callable[[int, int], None] | None = None) -> tuple[Columns, dict[str, Any]]:
-    """Every chunk's columns, merged in the file's order, and the file's header.
-
-    On every core the cuts are first taken on trust: this process only inflates and cuts, and the workers decode.
-    A chunk a worker cannot decode (its cut fell inside an event, or the file is damaged) sends the read back to
-    the start with every cut checked here before it is sent: the reading, cuts and errors of a serial read.
-    """
-    workers = read_workers(path)
-    if workers == 1:
-        stream: TraceStream[Any] = TraceStream(path, decode_chunk, progress)
-        cols = Columns()
-        for events in stream:
-            cols.add(events)
-        return cols, stream.header
-    try:
-        return _read_on(workers, TraceStream(path, _unchecked, progress), path, trusted=True)
-    except _Recheck:
-        return _read_on(workers, TraceStream(path, _checked, progress), path, trusted=False)
-
-
-def _read_on(workers: int, stream: TraceStream[bytes], path: str, trusted: bool) -> tuple[Columns, dict[str, Any]]:
-    cols = Columns()
-    for part in _in_order(stream, workers, path, trusted):
-        cols.merge(part)
-    return cols, stream.header
-
-
-def _in_order(texts: Iterable[bytes], workers: int, path: str, trusted: bool) -> Iterator[Columns]:
-    """The chunks' columns from a pool of ``workers`` processes, two chunks in flight per worker.
-
-    ``trusted``: the chunks' cuts were not checked; a chunk that does not decode raises :class:`_Recheck`, and so
-    does an error of the stream itself while a chunk before it does not decode (the serial read meets that first).
-    """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    # fork: the workers start at once with this module loaded, and need no ``if __name__ == "__main__"``
-    # guard in the caller's script (spawn and forkserver import the caller's main module again)
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-    pending: deque[Future[Columns]] = deque()
-    try:
-        try:
-            for text in texts:
-                pending.append(pool.submit(columns_of, text))
-                if len(pending) >= 2 * workers:
-                    yield _result(pending.popleft(), path, trusted)
-        except GpuidleError:
-            for future in pending:  # an earlier chunk's own error comes first in the file
-                _result(future, path, trusted)
-            raise
-        while pending:
-            yield _result(pending.popleft(), path, trusted)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _result(future: Future[Columns], path: str, trusted: bool) -> Columns:
-    try:
-        return future.result()
-    except (msgspec.DecodeError, RecursionError) as err:
-        if trusted:
-            raise _Recheck from None
-        raise CorruptInput(f"{path}: invalid JSON in the event list ({err})",
-                           "the file is damaged or truncated") from None

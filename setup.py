@@ -1,0 +1,8 @@
+"""The one compiled module: Kineto events decoded straight to columns (``gpuidle.sources.kineto_scan``).
+
+Optional: where it cannot be built (no C compiler) the package installs all the same and decodes in Python.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("gpuidle.sources._kscan", ["src/gpuidle/sources/_kscan.c"], optional=True)])

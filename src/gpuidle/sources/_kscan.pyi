@@ -1,0 +1,7 @@
+Column = bytes
+"""A column's raw values: int32 (cat, ph, name, pid_s, tid_s), float64 (ts, dur) or int64 (the rest)."""
+
+def scan(
+    text: bytes, /
+) -> tuple[int, list[str], Column, Column, Column, Column, Column, Column, Column, Column, Column, Column, Column,
+           Column, Column, Column, Column] | None: ...

@@ -1,0 +1,195 @@
+"""The compiled scanner against the typed decoder it stands in for.
+
+Whatever a chunk holds, the scanner either gives exactly the columns that decoding it gives, or declines (None)
+and leaves it to the decoder; it never accepts a chunk the decoder refuses. Checked on real traces (where it must
+not decline: that is its speed), on hand-made chunks at the edges of JSON and of the event schema, and on
+thousands of randomly damaged chunks.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+import shutil
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from gpuidle.sources.jsonstream import TraceStream
+from gpuidle.sources.kineto_columns import Columns
+from gpuidle.sources.kineto_events import decode_chunk
+from gpuidle.sources.kineto_scan import SCANNER_BUILT, Scanned, scan
+
+DATA = Path(__file__).parent / "data"
+EXAMPLE = Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"
+REAL = [EXAMPLE, DATA / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+        DATA / "mtia_inference_trace__mtia_inference_rank_0.json.gz", DATA / "h200_dataloader__before.pt.trace.json.gz",
+        DATA / "rank_non_gpu__rank_non_gpu.json.gz", DATA / "fsdp2_cpu_gloo__rank0.pt.trace.json.gz"]
+
+needs_scanner = pytest.mark.skipif(not SCANNER_BUILT, reason="the scanner is not built (no C compiler)")
+
+
+def test_the_scanner_is_built_where_a_compiler_is() -> None:
+    """An install with a C compiler has the scanner; without it, big traces read several times slower."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler})")
+    assert SCANNER_BUILT
+
+
+def state(cols: Columns) -> dict[str, Any]:
+    cols.done_adding()
+    out: dict[str, Any] = {f"dev.{k}": np.concatenate(v) if v else None for k, v in cols.dev.items()}
+    out |= {f"host.{k}": np.concatenate(v) if v else None for k, v in cols.host.items()}
+    out |= {"coll": cols.coll, "strings": cols.strings, "threads": cols.threads, "skipped": cols.skipped,
+            "foreign": cols.foreign, "events": cols.events, "hosts": cols.hosts}
+    return out
+
+
+def assert_same(scanned: dict[str, Any], decoded: dict[str, Any]) -> None:
+    assert scanned.keys() == decoded.keys()
+    for key, value in decoded.items():
+        if isinstance(value, np.ndarray):
+            assert value.dtype == scanned[key].dtype, key
+            assert np.array_equal(value, scanned[key], equal_nan=True), key
+        else:
+            assert scanned[key] == value, key
+
+
+def compare(texts: list[bytes]) -> int:
+    """Columns of the chunks scanned (declined ones decoded) against all decoded; the chunks declined."""
+    by_scan, by_decoder, declined = Columns(), Columns(), 0
+    for text in texts:
+        decoded = decode_chunk(text)
+        scanned = scan(text)
+        declined += scanned is None
+        by_scan.add(decoded if scanned is None else scanned)
+        by_decoder.add(decoded)
+    assert_same(state(by_scan), state(by_decoder))
+    return declined
+
+
+def chunks(path: Path) -> list[bytes]:
+    """The chunks the reader hands its decoder (the stream finds the list's end where the decoder stops)."""
+
+    def decoded(text: bytes) -> bytes:
+        decode_chunk(text)
+        return text
+
+    return list(TraceStream(str(path), decoded))
+
+
+@needs_scanner
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.name.split("__")[0])
+def test_real_traces_read_the_same_and_none_declined(path: Path) -> None:
+    texts = chunks(path)
+    assert compare(texts) == 0
+    assert sum(len(s) for s in map(scan, texts) if isinstance(s, Scanned)) > 0
+
+
+def event(**fields: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10.5, "dur": 2.0,
+            "args": {"device": 0, "stream": 7, "correlation": 3}} | fields
+
+
+EDGES: dict[str, tuple[bytes, bool]] = {
+    # name -> (chunk, whether the scanner reads it)
+    "empty": (b"[]", True),
+    "empty with spaces": (b" [ \n\t] \r\n", True),
+    "escapes": (msgspec.json.encode([event(name="tab\t\"q\" \\ / é \u2603 \U0001f600 \x01")]), True),
+    "escaped solidus and unicode escapes": (rb'[{"ph":"X","cat":"kernel","name":"a\/b\u00e9\ud83d\ude00","ts":1,"dur":1}]',
+                                            True),
+    "raw UTF-8 name": ('[{"ph":"X","cat":"kernel","name":"ü→😀","ts":1,"dur":1}]'.encode(), True),
+    "string pid and tid": (msgspec.json.encode([event(pid="Spans", tid="stream 12 "), event(cat="cpu_op", pid="p",
+                                                                                          tid="t")]), True),
+    "stream in the tid": (msgspec.json.encode([event(tid="stream 9", args={"device": 1})]), True),
+    "ROCm string stream": (msgspec.json.encode([event(args={"stream": "0x0", "device": 2}, tid=4)]), True),
+    "null and missing args": (msgspec.json.encode([event(args=None), {"ph": "X", "cat": "cpu_op", "name": "op"}]),
+                              True),
+    "missing and bad times": (msgspec.json.encode([event(ts=-5.0), event(dur=8e15), {"ph": "X", "cat": "kernel"}]),
+                              True),
+    "device and stream past int32": (msgspec.json.encode([event(args={"device": 1 << 40}), event(args={"stream": -3})]),
+                                     True),
+    "other phases and categories": (msgspec.json.encode([event(ph="i"), event(cat="mtia_kernel"), event(cat="gpu_user_annotation")]),
+                                    True),
+    "nested unknown fields": (b'[{"ph":"X","cat":"cpu_op","name":"op","ts":1,"dur":2,"x":{"a":[1,{"b":null}],'
+                              b'"c":[true,false,-0.5e-3]},"args":{"Input Dims":[[1,2],[]],"Input type":["float"],'
+                              b'"y":{"z":[]}}}]', True),
+    "collective": (msgspec.json.encode([event(cat="cpu_op", name="record_param_comms", args={
+        "Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": 1024, "Out msg nelems": 1024,
+        "Group size": 8, "dtype": "BFloat16"}), event(cat="cpu_op", name="nccl:all_reduce", args={
+            "Input Dims": [[256, 4]], "Input type": ["float"]})]), True),
+    "numbers": (b'[{"ph":"X","cat":"kernel","name":"k","ts":1700000000123.4567,"dur":1E2},'
+                b'{"ph":"X","cat":"kernel","name":"k","ts":0.1e1,"dur":123456789012345678},'
+                b'{"ph":"X","cat":"kernel","name":"k","ts":4.9406564584124654e-3,"dur":0.30000000000000004}]', True),
+    "unbounded id": (msgspec.json.encode([event(pid=1 << 64)]), False),
+    "float id": (b'[{"ph":"X","cat":"kernel","name":"k","pid":1.0}]', False),
+    "string correlation": (msgspec.json.encode([event(args={"correlation": "3"})]), False),
+    "null time": (b'[{"ph":"X","cat":"kernel","name":"k","ts":null}]', False),
+    "duplicate field": (b'[{"ph":"X","cat":"kernel","name":"a","name":"b"}]', False),
+    "not an object": (b'[{"ph":"X","cat":"kernel","name":"k"}, 5]', False),
+    "non-ASCII collective": (msgspec.json.encode([event(cat="cpu_op", name="nccl:x", args={"dtype": "é"})]), False),
+}
+
+
+@needs_scanner
+@pytest.mark.parametrize("name", list(EDGES))
+def test_edges_of_json_and_the_schema(name: str) -> None:
+    text, read = EDGES[name]
+    assert (scan(text) is not None) == read
+    compare([text])
+
+
+FLOATS = ["0", "-0", "1", "0.1", "1e-7", "123456.789e3", "9007199254740993", "9007199254740993.0",
+          "1.7976931348623157e308", "2.2250738585072014e-308", "4.9e-324", "1700000000000.0001",
+          "12345678901234567890.5", "0.000000000000000000000000001234", "1e22", "1e23", "8.589973e9"]
+
+
+@needs_scanner
+def test_times_are_the_decoders_doubles_to_the_bit() -> None:
+    rng = random.Random(7)
+    values = FLOATS + [repr(rng.uniform(0, 2e12)) for _ in range(300)] + \
+        [f"{rng.uniform(0, 1e6):.{rng.randint(0, 17)}f}" for _ in range(300)] + \
+        [f"{rng.uniform(0, 1e3):.{rng.randint(1, 16)}e}" for _ in range(300)]
+    text = ("[" + ",".join(f'{{"ts":{v},"dur":{v}}}' for v in values) + "]").encode()
+    scanned = scan(text)
+    assert scanned is not None
+    decoded = np.array([e.ts for e in decode_chunk(text)])
+    assert scanned.ts.view(np.int64).tolist() == decoded.view(np.int64).tolist()
+
+
+@needs_scanner
+def test_damaged_chunks_are_read_the_same_or_declined() -> None:
+    """Random cuts, insertions and byte changes in a real chunk: wherever the decoder refuses the result, the
+    scanner declines; wherever both read it, the columns are the same."""
+    with gzip.open(DATA / "h200_dataloader__before.pt.trace.json.gz") as f:
+        events = msgspec.json.decode(f.read())["traceEvents"]
+    base = msgspec.json.encode(events[:60])
+    rng = random.Random(11)
+    alphabet = b'{}[]:,"\\ -.0123456789eEtrufalsn\x00\xff\xc3uXkernl'
+    read = refused = 0
+    for _ in range(3000):
+        text = bytearray(base)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(text))
+            how = rng.randrange(3)
+            if how == 0:
+                del text[at:at + rng.randint(1, 4)]
+            elif how == 1:
+                text[at:at] = bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 3)))
+            else:
+                text[at] = rng.choice(alphabet)
+        chunk = bytes(text)
+        try:
+            decode_chunk(chunk)
+        except (msgspec.DecodeError, RecursionError):
+            assert scan(chunk) is None, chunk
+            refused += 1
+            continue
+        compare([chunk])
+        read += 1
+    assert read > 100 and refused > 100  # both kinds were tried
