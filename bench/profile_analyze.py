@@ -4,7 +4,8 @@ Stages, each timed without a profiler (best of ``--repeat``), every one from the
 
 1. gunzip: inflate the file in 4 MiB blocks, nothing else;
 2. stream: the reader's chunking (``TraceStream``) with a decoder that does nothing;
-3. decode: the same with the reader's typed msgspec decoder;
+3. decode: the same with the reader's chunk reader (the compiled scanner where it is built, else the
+   typed msgspec decoder);
 4. read: ``kineto.read``: decode + columns (``Columns.add``) + numpy arrays (in this process: the
    split below times the serial read; ``GPUIDLE_READ_WORKERS`` sets the stages' reader);
 5. analyse: ``summarize_rank`` on the timeline read once beforehand;
@@ -55,10 +56,10 @@ def _stages(path: str) -> dict[str, Callable[[], Any]]:
     from gpuidle import api
     from gpuidle.analysis.summary import summarize_rank
     from gpuidle.report.jsonout import JsonRenderer
-    from gpuidle.sources import kineto, kineto_columns
+    from gpuidle.sources import kineto, kineto_read
     from gpuidle.sources.jsonstream import TraceStream
 
-    decode = kineto_columns.decode_chunk
+    decode = kineto_read.scan_or_decode
     timeline = kineto.read(path)
 
     def stream() -> int:
@@ -82,7 +83,7 @@ class _Split:
     """Times spent inside chosen functions during one full analysis (wrappers, not a profiler).
 
     Wraps, where they exist: the reader's gunzip generator (``TraceStream._blocks``), its
-    chunk decoder (``kineto_columns.decode_chunk``), the column builder (``Columns.add``),
+    chunk reader (``kineto_read.scan_or_decode``), the column builder (``Columns.add``),
     ``kineto.read`` and ``summarize_rank`` (as the api calls them), and the JSON renderer.
     Private names may change; a missing one is left out of the split.
     """
@@ -133,27 +134,27 @@ class _Split:
     def __enter__(self) -> _Split:
         from gpuidle import api
         from gpuidle.report import jsonout
-        from gpuidle.sources import jsonstream, kineto, kineto_columns
+        from gpuidle.sources import jsonstream, kineto, kineto_columns, kineto_read
 
         self._wrap_gen(jsonstream.TraceStream, "_blocks", "gunzip")
-        self._wrap(kineto_columns, "decode_chunk", "decode")
+        self._wrap(kineto_read, "scan_or_decode", "decode")
         self._wrap(kineto_columns.Columns, "add", "columns")
         self._wrap(kineto, "read", "read")
         self._wrap(api, "summarize_rank", "analysis")
-        self._workers = os.environ.get(kineto_columns.WORKERS_ENV)
-        os.environ[kineto_columns.WORKERS_ENV] = "1"  # the wrappers time this process's work
+        self._workers = os.environ.get(kineto_read.WORKERS_ENV)
+        os.environ[kineto_read.WORKERS_ENV] = "1"  # the wrappers time this process's work
         self._wrap(jsonout.JsonRenderer, "render", "render")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from gpuidle.sources import kineto_columns
+        from gpuidle.sources import kineto_read
 
         for owner, name, fn in reversed(self._undo):
             setattr(owner, name, fn)
         if self._workers is None:
-            os.environ.pop(kineto_columns.WORKERS_ENV, None)
+            os.environ.pop(kineto_read.WORKERS_ENV, None)
         else:
-            os.environ[kineto_columns.WORKERS_ENV] = self._workers
+            os.environ[kineto_read.WORKERS_ENV] = self._workers
 
 
 def _split(path: str, repeat: int) -> tuple[float, dict[str, float]]:
@@ -174,8 +175,8 @@ def _split(path: str, repeat: int) -> tuple[float, dict[str, float]]:
     parts: dict[str, float] = {}
     read = t.get("read", 0.0)
     for key, label in (("gunzip", "gunzip (TraceStream._blocks)"),
-                       ("decode", "msgspec decode (decode_chunk)"),
-                       ("columns", "columns (Columns.add, Python loops)")):
+                       ("decode", "chunk reading (scan_or_decode: the scanner, or msgspec)"),
+                       ("columns", "columns (Columns.add)")):
         if key in t:
             parts[label] = t[key]
     parts["rest of read (chunk cutting, numpy arrays, steps)"] = read - sum(parts.values())

@@ -1,7 +1,9 @@
 """A big trace read on every core gives exactly the timeline a read in this process gives.
 
 ``GPUIDLE_READ_WORKERS`` forces the pool on small traces, and a small chunk size makes many chunks,
-each with its own name and thread tables for the merge to re-intern.
+each with its own name and thread tables for the merge to re-intern. Every test runs twice: with the
+compiled scanner (its threads read the chunks) and without it, as where no C compiler built it (the
+typed decoder in forked processes).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 from conftest import DATA
 from gpuidle.errors import CorruptInput, GpuidleError
 from gpuidle.model import Timeline
-from gpuidle.sources import jsonstream, kineto, kineto_read
+from gpuidle.sources import jsonstream, kineto, kineto_read, kineto_scan
 
 TRACES = [
     "nccl_parser_config__nccl_data.json.gz",
@@ -26,6 +28,17 @@ TRACES = [
     "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
     "h200_dataloader__before.pt.trace.json.gz",
 ]
+
+
+@pytest.fixture(autouse=True, params=["scanner", "decoder"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which reader reads the chunks: the scanner (where built) or the typed decoder alone."""
+    if request.param == "scanner" and not kineto_scan.SCANNER_BUILT:
+        pytest.skip("the scanner is not built (no C compiler)")
+    if request.param == "decoder":
+        monkeypatch.setattr(kineto_scan, "_kscan", None)
+        monkeypatch.setattr(kineto_read, "SCANNER_BUILT", False)
+    return str(request.param)
 
 
 def _columns(tl: Timeline) -> dict[str, Any]:

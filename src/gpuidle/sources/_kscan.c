@@ -147,8 +147,8 @@ static void cols_free(Cols *c) {
 #undef FREE
 }
 
-static int cols_grow(Cols *c) {
-    size_t cap = c->cap ? c->cap * 2 : 4096;
+static int cols_grow(Cols *c, size_t text_len) {
+    size_t cap = c->cap ? c->cap * 2 : text_len / 160 + 64; /* Kineto events take some 200 to 400 bytes */
     int ok = 1;
 #define GROW(f)                                           \
     {                                                     \
@@ -165,7 +165,7 @@ static int cols_grow(Cols *c) {
 /* --- JSON --- */
 
 typedef struct {
-    Ptr base;
+    Ptr base, end; /* the text, and its end (a NUL there) */
     Table strings;
     Cols cols;
     char *scratch; /* a string's bytes with its escapes undone */
@@ -192,11 +192,36 @@ static int hex4(Ptr p, unsigned *out) {
     return OK;
 }
 
-/* A string at p (its opening quote). Sets *end past the closing quote, *lo/*n to its raw bytes, *escaped. */
-static int string_span(Ptr p, Ptr *end, Ptr *lo, Py_ssize_t *n, int *escaped) {
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+/* Past the bytes from q that need no attention in a string: all but '"', '\\' and control characters (the
+ * text's closing NUL among them). Sixteen at a time where the text has sixteen left. */
+static inline Ptr plain_run(Ptr q, Ptr lim) {
+#ifdef __SSE2__
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), control = _mm_set1_epi8(0x1F);
+    while (q + 16 <= lim) {
+        __m128i v = _mm_loadu_si128((const __m128i *)q);
+        __m128i hit = _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash));
+        hit = _mm_or_si128(hit, _mm_cmpeq_epi8(_mm_max_epu8(v, control), control)); /* v <= 0x1F */
+        int mask = _mm_movemask_epi8(hit);
+        if (mask) return q + __builtin_ctz((unsigned)mask);
+        q += 16;
+    }
+#else
+    (void)lim;
+#endif
+    while (*q != '"' && *q != '\\' && *q >= 0x20) q++;
+    return q;
+}
+
+/* A string at p (its opening quote). Sets *end past the closing quote, *lo and *n to its raw bytes, *escaped. */
+static int string_span(Ptr p, Ptr lim, Ptr *end, Ptr *lo, Py_ssize_t *n, int *escaped) {
     Ptr q = ++p;
     *escaped = 0;
     for (;;) {
+        q = plain_run(q, lim);
         unsigned char c = *q;
         if (c == '"') break;
         if (c < 0x20) return FALLBACK; /* a control character, or the end of the text */
@@ -242,10 +267,11 @@ static int put_utf8(char *o, unsigned v) {
 
 /* The id of the string at p (validated by string_span); its escapes undone first. */
 static int string_id(Scan *s, Ptr *pp, int32_t *id) {
+    Ptr lim = s->end;
     Ptr lo, end;
     Py_ssize_t n;
     int escaped;
-    if (**pp != '"' || string_span(*pp, &end, &lo, &n, &escaped) != OK) return FALLBACK;
+    if (**pp != '"' || string_span(*pp, lim, &end, &lo, &n, &escaped) != OK) return FALLBACK;
     *pp = end;
     if (!escaped) {
         *id = intern(&s->strings, (const char *)lo, n, 0);
@@ -302,7 +328,6 @@ static int number(Ptr *pp, int *is_int, int64_t *ival, double *dval) {
     } else {
         return FALLBACK;
     }
-    Ptr int_end = p;
     int frac = 0, has_exp = 0;
     if (*p == '.') {
         p++;
@@ -328,12 +353,9 @@ static int number(Ptr *pp, int *is_int, int64_t *ival, double *dval) {
     }
     *pp = p;
     *is_int = !frac && !has_exp;
-    if (*is_int) {
-        if (int_end - start > 19 + neg) return FALLBACK; /* past int64, or close: the general way decides */
-        uint64_t v = 0;
-        for (Ptr q = start + neg; q < int_end; q++) v = v * 10 + (uint64_t)(*q - '0');
-        if (v > (uint64_t)INT64_MAX) return FALLBACK;
-        *ival = neg ? -(int64_t)v : (int64_t)v;
+    if (*is_int) { /* every digit is in m unless there were more than 19 (then exp10 counts them) */
+        if (exp10 != 0 || m > (uint64_t)INT64_MAX) return FALLBACK; /* past int64, or close: the decoder judges */
+        *ival = neg ? -(int64_t)m : (int64_t)m;
         *dval = (double)*ival; /* "-0" is the integer 0, as the decoder reads it */
         return OK;
     }
@@ -348,9 +370,31 @@ static int number(Ptr *pp, int *is_int, int64_t *ival, double *dval) {
     return OK;
 }
 
-static int skip_value(Ptr *pp, int depth);
+/* A number in JSON's grammar, whatever its size, not read. */
+static int skip_number(Ptr *pp) {
+    Ptr q = *pp;
+    if (*q == '-') q++;
+    if (*q == '0') q++;
+    else if (*q >= '1' && *q <= '9') while (*q >= '0' && *q <= '9') q++;
+    else return FALLBACK;
+    if (*q == '.') {
+        q++;
+        if (!(*q >= '0' && *q <= '9')) return FALLBACK;
+        while (*q >= '0' && *q <= '9') q++;
+    }
+    if (*q == 'e' || *q == 'E') {
+        q++;
+        if (*q == '+' || *q == '-') q++;
+        if (!(*q >= '0' && *q <= '9')) return FALLBACK;
+        while (*q >= '0' && *q <= '9') q++;
+    }
+    *pp = q;
+    return OK;
+}
 
-static int skip_container(Ptr *pp, int depth, unsigned char close) {
+static int skip_value(Ptr *pp, Ptr lim, int depth);
+
+static int skip_container(Ptr *pp, Ptr lim, int depth, unsigned char close) {
     if (depth >= MAX_DEPTH) return FALLBACK;
     Ptr p = ws(*pp + 1);
     if (*p == close) { *pp = p + 1; return OK; }
@@ -359,12 +403,12 @@ static int skip_container(Ptr *pp, int depth, unsigned char close) {
             Ptr lo, end;
             Py_ssize_t n;
             int esc;
-            if (*p != '"' || string_span(p, &end, &lo, &n, &esc) != OK) return FALLBACK;
+            if (*p != '"' || string_span(p, lim, &end, &lo, &n, &esc) != OK) return FALLBACK;
             p = ws(end);
             if (*p != ':') return FALLBACK;
             p = ws(p + 1);
         }
-        if (skip_value(&p, depth + 1) != OK) return FALLBACK;
+        if (skip_value(&p, lim, depth + 1) != OK) return FALLBACK;
         p = ws(p);
         if (*p == ',') { p = ws(p + 1); continue; }
         if (*p != close) return FALLBACK;
@@ -373,44 +417,23 @@ static int skip_container(Ptr *pp, int depth, unsigned char close) {
     }
 }
 
-static int skip_value(Ptr *pp, int depth) {
+static int skip_value(Ptr *pp, Ptr lim, int depth) {
     Ptr p = *pp;
     switch (*p) {
     case '"': {
         Ptr lo, end;
         Py_ssize_t n;
         int esc;
-        if (string_span(p, &end, &lo, &n, &esc) != OK) return FALLBACK;
+        if (string_span(p, lim, &end, &lo, &n, &esc) != OK) return FALLBACK;
         *pp = end;
         return OK;
     }
-    case '{': return skip_container(pp, depth, '}');
-    case '[': return skip_container(pp, depth, ']');
-    case 't': if (memcmp(p, "true", 4)) return FALLBACK; *pp = p + 4; return OK;
-    case 'f': if (memcmp(p, "false", 5)) return FALLBACK; *pp = p + 5; return OK;
-    case 'n': if (memcmp(p, "null", 4)) return FALLBACK; *pp = p + 4; return OK;
-    default: {
-        int is_int;
-        int64_t i;
-        double d;
-        /* any valid number is skipped, whatever its size */
-        Ptr q = p;
-        if (*q == '-') q++;
-        if (!(*q >= '0' && *q <= '9')) return FALLBACK;
-        if (number(pp, &is_int, &i, &d) == OK) return OK;
-        *pp = p;
-        /* number() refuses big integers and infinities; check the grammar alone */
-        if (*q == '0') q++; else while (*q >= '0' && *q <= '9') q++;
-        if (*q == '.') { q++; if (!(*q >= '0' && *q <= '9')) return FALLBACK; while (*q >= '0' && *q <= '9') q++; }
-        if (*q == 'e' || *q == 'E') {
-            q++;
-            if (*q == '+' || *q == '-') q++;
-            if (!(*q >= '0' && *q <= '9')) return FALLBACK;
-            while (*q >= '0' && *q <= '9') q++;
-        }
-        *pp = q;
-        return OK;
-    }
+    case '{': return skip_container(pp, lim, depth, '}');
+    case '[': return skip_container(pp, lim, depth, ']');
+    case 't': if (strncmp((const char *)p, "true", 4)) return FALLBACK; *pp = p + 4; return OK;
+    case 'f': if (strncmp((const char *)p, "false", 5)) return FALLBACK; *pp = p + 5; return OK;
+    case 'n': if (strncmp((const char *)p, "null", 4)) return FALLBACK; *pp = p + 4; return OK;
+    default: return skip_number(pp);
     }
 }
 
@@ -424,11 +447,11 @@ static int int_field(Ptr *pp, int64_t *out) {
     return OK;
 }
 
-static int str_field(Ptr *pp) {
+static int str_field(Ptr *pp, Ptr lim) {
     Ptr lo, end;
     Py_ssize_t n;
     int esc;
-    if (**pp != '"' || string_span(*pp, &end, &lo, &n, &esc) != OK) return FALLBACK;
+    if (**pp != '"' || string_span(*pp, lim, &end, &lo, &n, &esc) != OK) return FALLBACK;
     for (Ptr q = lo; q < lo + n; q++)
         if (*q >= 0x80) return FALLBACK; /* the decoder checks its UTF-8; leave that to it */
     *pp = end;
@@ -437,6 +460,7 @@ static int str_field(Ptr *pp) {
 
 static int args(Scan *s, Ptr *pp, size_t row) {
     Cols *c = &s->cols;
+    Ptr lim = s->end;
     Ptr p = ws(*pp + 1);
     unsigned seen = 0;
     if (*p == '}') { *pp = p + 1; return OK; }
@@ -444,7 +468,7 @@ static int args(Scan *s, Ptr *pp, size_t row) {
         Ptr lo, end;
         Py_ssize_t n;
         int esc;
-        if (*p != '"' || string_span(p, &end, &lo, &n, &esc) != OK || esc) return FALLBACK;
+        if (*p != '"' || string_span(p, lim, &end, &lo, &n, &esc) != OK || esc) return FALLBACK;
         const char *k = (const char *)lo;
         p = ws(end);
         if (*p != ':') return FALLBACK;
@@ -454,20 +478,20 @@ static int args(Scan *s, Ptr *pp, size_t row) {
         if (KEY("correlation")) bit = 1, rc = int_field(&p, &c->corr[row]);
         else if (KEY("device")) bit = 2, rc = int_field(&p, &c->device[row]);
         else if (KEY("stream")) /* a string stream (ROCm's "0x0") reads as none: the tid names it */
-            bit = 4, rc = *p == '"' ? str_field(&p) : int_field(&p, &c->stream[row]);
+            bit = 4, rc = *p == '"' ? str_field(&p, lim) : int_field(&p, &c->stream[row]);
         else if (KEY("bytes")) bit = 8, rc = int_field(&p, &c->nbytes[row]);
-        else if (KEY("Collective name")) bit = 16, rc = str_field(&p);
-        else if (KEY("Process Group Name")) bit = 32, rc = str_field(&p);
-        else if (KEY("dtype")) bit = 64, rc = str_field(&p);
+        else if (KEY("Collective name")) bit = 16, rc = str_field(&p, lim);
+        else if (KEY("Process Group Name")) bit = 32, rc = str_field(&p, lim);
+        else if (KEY("dtype")) bit = 64, rc = str_field(&p, lim);
         else if (KEY("In msg nelems") || KEY("Out msg nelems") || KEY("Group size")) {
             int64_t ignored;
             bit = KEY("In msg nelems") ? 128 : KEY("Out msg nelems") ? 256 : 512;
             rc = int_field(&p, &ignored);
         } else if (KEY("Input Dims") || KEY("Input type")) {
             bit = KEY("Input Dims") ? 1024 : 2048;
-            rc = skip_value(&p, 2);
+            rc = skip_value(&p, lim, 2);
         } else {
-            rc = skip_value(&p, 2);
+            rc = skip_value(&p, lim, 2);
         }
         if (rc != OK || (seen & bit)) return FALLBACK;
         seen |= bit;
@@ -481,7 +505,8 @@ static int args(Scan *s, Ptr *pp, size_t row) {
 
 static int event(Scan *s, Ptr *pp) {
     Cols *c = &s->cols;
-    if (c->n == c->cap && cols_grow(c) != OK) return NOMEM;
+    Ptr lim = s->end;
+    if (c->n == c->cap && cols_grow(c, (size_t)(s->end - s->base)) != OK) return NOMEM;
     size_t row = c->n;
     c->cat[row] = c->ph[row] = c->name[row] = s->empty;
     c->pid_s[row] = c->tid_s[row] = -1;
@@ -497,7 +522,7 @@ static int event(Scan *s, Ptr *pp) {
         Py_ssize_t n;
         int esc, rc = OK, is_int;
         unsigned bit = 0;
-        if (*p != '"' || string_span(p, &end, &lo, &n, &esc) != OK || esc) return FALLBACK;
+        if (*p != '"' || string_span(p, lim, &end, &lo, &n, &esc) != OK || esc) return FALLBACK;
         const char *k = (const char *)lo;
         p = ws(end);
         if (*p != ':') return FALLBACK;
@@ -521,7 +546,7 @@ static int event(Scan *s, Ptr *pp) {
             }
         } else if (KEY("args")) {
             bit = 128;
-            if (*p == 'n' && memcmp(p, "null", 4) == 0) {
+            if (strncmp((const char *)p, "null", 4) == 0) {
                 p += 4;
             } else if (*p == '{') {
                 c->args_lo[row] = p - s->base;
@@ -531,7 +556,7 @@ static int event(Scan *s, Ptr *pp) {
                 rc = FALLBACK;
             }
         } else {
-            rc = skip_value(&p, 1);
+            rc = skip_value(&p, lim, 1);
         }
         if (rc != OK) return rc;
         if (seen & bit) return FALLBACK;
@@ -584,6 +609,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     Scan s;
     memset(&s, 0, sizeof s);
     s.base = base;
+    s.end = base + view.len;
     int rc = table_init(&s.strings);
     if (rc == OK && (s.empty = intern(&s.strings, "", 0, 0)) < 0) rc = NOMEM;
     if (rc == OK) {
@@ -640,6 +666,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__kscan(void) { return PyModule_Create(&module); }

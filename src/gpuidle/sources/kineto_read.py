@@ -27,10 +27,10 @@ from gpuidle.sources.inputs import is_url
 from gpuidle.sources.jsonstream import TraceStream
 from gpuidle.sources.kineto_columns import Columns
 from gpuidle.sources.kineto_events import decode_chunk
-from gpuidle.sources.kineto_scan import scan_or_decode
+from gpuidle.sources.kineto_scan import SCANNER_BUILT, scan_or_decode
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
+    from concurrent.futures import Executor, Future
 
 
 def columns_of(text: bytes) -> Columns:
@@ -128,12 +128,7 @@ def _in_order(texts: Iterable[bytes], workers: int, path: str, trusted: bool) ->
     ``trusted``: the chunks' cuts were not checked; a chunk that does not decode raises :class:`_Recheck`, and so
     does an error of the stream itself while a chunk before it does not decode (the serial read meets that first).
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    # fork: the workers start at once with this module loaded, and need no ``if __name__ == "__main__"``
-    # guard in the caller's script (spawn and forkserver import the caller's main module again)
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    pool = _pool(workers)
     pending: deque[Future[Columns]] = deque()
     try:
         try:
@@ -149,6 +144,20 @@ def _in_order(texts: Iterable[bytes], workers: int, path: str, trusted: bool) ->
             yield _result(pending.popleft(), path, trusted)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _pool(workers: int) -> Executor:
+    """Threads where the scanner is built: it reads a chunk without the GIL, and the chunk and its columns then
+    need not cross a process. Else processes, forked: they start at once with this module loaded, and need no
+    ``if __name__ == "__main__"`` guard in the caller's script (spawn and forkserver import it again)."""
+    if SCANNER_BUILT:
+        from concurrent.futures import ThreadPoolExecutor
+
+        return ThreadPoolExecutor(workers, thread_name_prefix="gpuidle-read")
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
 
 
 def _result(future: Future[Columns], path: str, trusted: bool) -> Columns:
