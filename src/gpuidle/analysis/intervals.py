@@ -116,22 +116,42 @@ def label_segments(
     if extra_points is not None:
         pts.append(extra_points)
     p = sorted_unique(np.concatenate(pts))
-    p = p[covered(base, p) | member(be, p)]
+    p = p[covering(bs, be, p) | _among(be, p)]
     seg_s, seg_e = p[:-1], p[1:]
-    inside = covered(base, seg_s)
+    inside = covering(bs, be, seg_s)
     seg_s, seg_e = seg_s[inside], seg_e[inside]
     label = np.full(seg_s.size, len(layers), dtype=np.int16)
     todo = np.ones(seg_s.size, dtype=bool)
     for k, (s, e) in enumerate(layers):
         if s.size == 0 or not todo.any():
             continue
-        cover = _count_covering(np.sort(s, kind="stable"), np.sort(e, kind="stable"), seg_s[todo])
-        hit = np.flatnonzero(todo)[cover > 0]
+        hit = np.flatnonzero(todo)[covering(s, e, seg_s[todo])]
         label[hit] = k
         todo[hit] = False
     return seg_s, seg_e, label
 
 
-def _count_covering(sorted_starts: I64, sorted_ends: I64, points: I64) -> np.ndarray:
-    """How many intervals contain each point: opened at or before it minus closed at or before it."""
-    return np.searchsorted(sorted_starts, points, side="right") - np.searchsorted(sorted_ends, points, side="right")
+def _among(values: I64, sorted_points: I64) -> np.ndarray:
+    """For each point (sorted, unique), whether it is one of ``values``: a binary search per value, for few values
+    among many points."""
+    found = np.zeros(sorted_points.size, dtype=bool)
+    at = np.searchsorted(sorted_points, values)
+    inside = at < sorted_points.size
+    at, values = at[inside], values[inside]
+    found[at[sorted_points[at] == values]] = True
+    return found
+
+
+def covering(starts: I64, ends: I64, sorted_points: I64) -> np.ndarray:
+    """For each point (sorted), whether any of the intervals (in any order, overlapping or not) contains it.
+
+    Each interval covers the run of points ``[first >= start, first >= end)``: found by two binary searches of
+    the interval's ends among the points, and summed over all intervals as +1/-1 steps. The cost is
+    O(intervals log points + points), with no sort of the intervals.
+    """
+    keep = ends > starts
+    n = sorted_points.size
+    first = np.searchsorted(sorted_points, starts[keep])
+    past = np.searchsorted(sorted_points, ends[keep])
+    steps = np.bincount(first, minlength=n + 1) - np.bincount(past, minlength=n + 1)
+    return np.cumsum(steps[:n]) > 0
