@@ -33,7 +33,8 @@ def test_union_covering_and_labels_match_a_nanosecond_reference(seed: int) -> No
     base = iv.union(*raw)
     assert covered_ns(*base) == covered_ns(*raw)
     # a set: sorted, disjoint, not touching, non-empty
-    assert np.all(base[1] > base[0]) and np.all(base[0][1:] > base[1][:-1])
+    assert np.all(base[1] > base[0])
+    assert np.all(base[0][1:] > base[1][:-1])
 
     layers = [random_intervals(rng, rng.randint(0, 10)) for _ in range(rng.randint(0, 4))]
     points = np.array(sorted(rng.sample(range(AXIS + 20), rng.randint(1, 30))), dtype=np.int64)

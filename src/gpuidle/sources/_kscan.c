@@ -588,8 +588,48 @@ static int scan_array(Scan *s, Ptr p, Ptr end) {
     }
 }
 
-static PyObject *column(const void *data, size_t n, size_t size) {
-    return PyBytes_FromStringAndSize(n ? (const char *)data : "", (Py_ssize_t)(n * size));
+/* A column's values, handed to numpy without a copy: the scanner's own memory, exposed as a writable buffer
+ * (np.frombuffer keeps the object alive) and freed with it. */
+typedef struct {
+    PyObject_HEAD
+    void *data;
+    Py_ssize_t len;
+} Column;
+
+static void column_dealloc(PyObject *self) {
+    free(((Column *)self)->data);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static int column_getbuffer(PyObject *self, Py_buffer *view, int flags) {
+    Column *c = (Column *)self;
+    static char empty[1];
+    return PyBuffer_FillInfo(view, self, c->data ? c->data : empty, c->len, 0, flags);
+}
+
+static PyBufferProcs column_buffer = {column_getbuffer, NULL};
+
+static PyTypeObject ColumnType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gpuidle.sources._kscan.Column",
+    .tp_basicsize = sizeof(Column),
+    .tp_dealloc = column_dealloc,
+    .tp_as_buffer = &column_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One column of a scanned chunk: raw values for np.frombuffer.",
+};
+
+/* The column *data (n values of size bytes) as a Column, which takes the memory (*data is then NULL). */
+static PyObject *column(void **data, size_t n, size_t size) {
+    Column *c = PyObject_New(Column, &ColumnType);
+    if (!c) return NULL;
+    void *fitted = n ? realloc(*data, n * size) : NULL; /* give back the unused capacity */
+    if (n && !fitted) fitted = *data;
+    if (!n) free(*data);
+    c->data = fitted;
+    c->len = (Py_ssize_t)(n * size);
+    *data = NULL;
+    return (PyObject *)c;
 }
 
 static PyObject *scan(PyObject *self, PyObject *arg) {
@@ -641,8 +681,8 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
         } else if (!bad) {
             Cols *c = &s.cols;
             out = Py_BuildValue("(nN" "NNNNN" "NN" "NNNNNNNN)", (Py_ssize_t)c->n, strings,
-#define COL32(f) column(c->f, c->n, 4),
-#define COL64(f) column(c->f, c->n, 8),
+#define COL32(f) column((void **)&c->f, c->n, 4),
+#define COL64(f) column((void **)&c->f, c->n, 8),
                                 INT32_COLS(COL32) F64_COLS(COL64) INT64_COLS(COL64) NULL);
 #undef COL32
 #undef COL64
@@ -661,11 +701,14 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"scan", scan, METH_O,
      "scan(text) -> (n, strings, cat, ph, name, pid_s, tid_s, ts, dur, pid, tid, corr, device, stream, bytes, "
-     "args_lo, args_hi) or None\n\nA chunk of Kineto events as columns (raw int32/float64/int64 bytes); None "
+     "args_lo, args_hi) or None\n\nA chunk of Kineto events as columns (buffers of int32, float64 or int64); None "
      "when the chunk needs the general decoder."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__kscan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kscan(void) {
+    if (PyType_Ready(&ColumnType) < 0) return NULL;
+    return PyModule_Create(&module);
+}

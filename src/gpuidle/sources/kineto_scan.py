@@ -66,14 +66,14 @@ def scan(text: bytes) -> Scanned | None:
         return None
     _, strings, cat, ph, name, pid_s, tid_s, ts, dur, pid, tid, corr, device, stream, nbytes, args_lo, args_hi = out
 
-    def i32(c: bytes) -> I32:
-        return np.frombuffer(c, np.int32)
+    def i32(c: _kscan.Column) -> I32:
+        return np.frombuffer(memoryview(c), np.int32)
 
-    def f64(c: bytes) -> F64:
-        return np.frombuffer(c, np.float64)
+    def f64(c: _kscan.Column) -> F64:
+        return np.frombuffer(memoryview(c), np.float64)
 
-    def i64(c: bytes) -> I64:
-        return np.frombuffer(c, np.int64)
+    def i64(c: _kscan.Column) -> I64:
+        return np.frombuffer(memoryview(c), np.int64)
 
     return Scanned(text, strings, i32(cat), i32(ph), i32(name), i32(pid_s), i32(tid_s), f64(ts), f64(dur), i64(pid),
                    i64(tid), i64(corr), i64(device), i64(stream), i64(nbytes), i64(args_lo), i64(args_hi))
