@@ -41,6 +41,12 @@ def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return str(request.param)
 
 
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 KiB chunks, read serially or on threads (processes use the stream's own chunk)."""
+    monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)
+    monkeypatch.setattr(kineto_read, "THREAD_CHUNK", 64 << 10)
+
+
 def _columns(tl: Timeline) -> dict[str, Any]:
     out: dict[str, Any] = {"strings": tl.strings, "threads": tl.threads, "notes": tl.meta.notes,
                            "t0": tl.meta.t0_ns, "steps": (tl.steps.number.tolist(), tl.steps.start.tolist())}
@@ -59,7 +65,7 @@ def _read(path: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> dict[str
 
 @pytest.mark.parametrize("name", TRACES)
 def test_every_core_reads_what_one_process_reads(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)  # many chunks: the merge re-interns each one's names
+    small_chunks(monkeypatch)  # many chunks: the merge re-interns each one's names
     serial = _read(DATA / name, 1, monkeypatch)
     parallel = _read(DATA / name, 2, monkeypatch)
     assert parallel.keys() == serial.keys()
@@ -81,7 +87,7 @@ def _reads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 def test_a_well_formed_trace_is_read_once_its_cuts_on_trust(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)
+    small_chunks(monkeypatch)
     passes = _reads(monkeypatch)
     _read(DATA / TRACES[1], 2, monkeypatch)
     assert passes == [True]
@@ -97,7 +103,7 @@ def test_cuts_inside_events_are_found_and_the_read_is_a_serial_ones(tmp_path: Pa
     assert text.count(b'"args": {') > 100
     path = tmp_path / "nested.json.gz"
     path.write_bytes(gzip.compress(text.replace(b'"args": {', nested)))
-    monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)
+    small_chunks(monkeypatch)
     serial = _read(path, 1, monkeypatch)
     passes = _reads(monkeypatch)
     parallel = _read(path, 2, monkeypatch)
@@ -118,7 +124,7 @@ def test_damage_reads_the_same_error_on_every_core(tmp_path: Path, damage: str,
         path.write_bytes(gzip.compress(text[:at] + b"\x00" + text[at + 1:]))
     else:
         path.write_bytes(gzip.compress(text[: text.rindex(b"]")]))
-    monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)
+    small_chunks(monkeypatch)
     errors = []
     for workers in (1, 2):
         monkeypatch.setenv(kineto_read.WORKERS_ENV, str(workers))

@@ -113,6 +113,7 @@ class TraceStream(Generic[T]):
         :class:`msgspec.DecodeError` on bad JSON, :class:`msgspec.ValidationError` on a
         value it cannot hold.
     :param progress: called with (compressed bytes read, file size) after each read.
+    :param chunk: the bytes of events decoded at a time (default :data:`CHUNK`).
     """
 
     def __init__(
@@ -120,11 +121,13 @@ class TraceStream(Generic[T]):
         path: str,
         decode: Callable[[bytes], T],
         progress: Callable[[int, int], None] | None = None,
+        chunk: int | None = None,
     ) -> None:
         self.path = path
         self.header: dict[str, Any] = {}
         self._decode = decode
         self._progress = progress
+        self._chunk = chunk
         self._size = 0 if is_url(path) else regular_size(path)  # a FIFO or a device: refused before any read
 
     # -- raw bytes ---------------------------------------------------------------
@@ -182,7 +185,8 @@ class TraceStream(Generic[T]):
             blocks = self._blocks(f)
             buf = self._skip_header(blocks)
             offset = 0  # bytes of the event list already decoded and dropped
-            target, misses = CHUNK, 0
+            chunk_size = self._chunk or CHUNK
+            target, misses = chunk_size, 0
             cuts = _Cuts(target)
             for block in blocks:
                 buf += block
@@ -200,9 +204,9 @@ class TraceStream(Generic[T]):
                     nxt = buf.find(b"{", cut)
                     del buf[:nxt]
                     offset += nxt
-                    target, misses = CHUNK, 0
+                    target, misses = chunk_size, 0
                     cuts.reset(target)
-                if len(buf) > CHUNK + MAX_EVENT:
+                if len(buf) > chunk_size + MAX_EVENT:
                     raise CorruptInput(
                         f"{self.path}: no event ends within {MAX_EVENT >> 20} MiB (from byte {offset} of the "
                         "event list)", "an event, a run of whitespace or an unclosed bracket that large "
