@@ -3,10 +3,10 @@
 A real trace is scaled to about ``--target-mib`` MiB of JSON (``scale_trace.py``), or ``--trace`` is
 used as it is. In each round, side by side: ``gzip -dc FILE > /dev/null``; ``gpuidle analyze FILE
 --json`` in a fresh process with ``GPUIDLE_READ_WORKERS=1`` (the reader in that process) and with the
-default (chunks decoded by one worker process per core). Printed: the best wall time of each (the
-whole process), its ratio to ``gzip -dc``, and the peak RSS of the process tree against the JSON's size;
-then, for every core, the CPU time of the main process (inflate, cut, merge, analyse) and of its workers:
-what a machine with more cores than this one can hope for.
+default (chunks read by one worker per core: threads where the compiled scanner is built, else
+processes). Printed: the best wall time of each (the whole process), its ratio to ``gzip -dc``, and the
+peak RSS of the process tree against the JSON's size; then, for every core, the CPU time of the main
+process and of its worker processes, or of the one process and all its threads, against its wall time.
 
     python bench/read_workers.py                           # 256 MiB
     python bench/read_workers.py --target-mib 1024 --repeat 2
@@ -94,9 +94,14 @@ def main() -> int:
         rss = f"   peak RSS {peak[name] / MIB:,.0f} MiB = {peak[name] / size:.2f}x the JSON" if name in peak else ""
         print(f"{name:<22} {wall:6.2f} s   {wall / floor:5.2f}x gzip -dc{rss}")
     mine, workers_cpu = cpu["gpuidle, every core"]
-    print(f"every core: CPU of the process that inflates, cuts, merges and analyses {mine:.2f} s, of its workers "
-          f"{workers_cpu:.2f} s (the run with the least of the first); on N cores the work takes no less than "
-          f"the larger of {mine:.2f} s and {workers_cpu:.2f} s / N")
+    if workers_cpu:
+        print(f"every core: CPU of the process that inflates, cuts, merges and analyses {mine:.2f} s, of its "
+              f"workers {workers_cpu:.2f} s (the run with the least of the first); on N cores the work takes no "
+              f"less than the larger of {mine:.2f} s and {workers_cpu:.2f} s / N")
+    else:
+        wall = best["gpuidle, every core"]
+        print(f"every core (threads): CPU of the process, all its threads, {mine:.2f} s in {wall:.2f} s of wall "
+              f"time: {mine / wall:.2f} cores busy on average")
     return 0
 
 
