@@ -1,6 +1,7 @@
-"""gzip inflate for the trace readers: ISA-L (``isal``, in ``gpuidle[fast]``) when it is installed, the
-standard library's zlib otherwise. Same interface, same bytes out; ISA-L inflates trace JSON about three
-times as fast (``bench/inflate_speed.py``), and a gigabyte trace spends a second or more inflating."""
+"""gzip inflate for the trace readers: ISA-L (``isal``, a core dependency where it has wheels) when it is
+installed, the standard library's zlib otherwise. Same interface, same bytes out; ISA-L inflates trace JSON
+about three times as fast (``bench/inflate_speed.py``: 0.23 s against 0.75 s per GiB), which on a gigabyte
+trace is the difference between analysing it faster than ``gzip -dc`` decompresses it and not."""
 
 from __future__ import annotations
 
