@@ -33,7 +33,7 @@ typedef struct {
     const char **order_p; /* id -> bytes */
     Py_ssize_t *order_len;
     char **owned; /* copies of strings that held escapes */
-    size_t n_owned;
+    size_t n_owned, owned_cap;
 } Table;
 
 static uint64_t hash_bytes(const char *p, Py_ssize_t n) {
@@ -104,15 +104,16 @@ static int32_t intern(Table *t, const char *p, Py_ssize_t n, int copy) {
         j = (j + 1) & t->mask;
     }
     if (copy) {
-        char *c = malloc((size_t)n + 1);
-        char **owned = realloc(t->owned, (t->n_owned + 1) * sizeof(char *));
-        if (!c || !owned) {
-            free(c);
-            if (owned) t->owned = owned;
-            return -1;
+        if (t->n_owned == t->owned_cap) {
+            size_t cap = t->owned_cap ? 2 * t->owned_cap : 64;
+            char **owned = realloc(t->owned, cap * sizeof(char *));
+            if (!owned) return -1;
+            t->owned = owned;
+            t->owned_cap = cap;
         }
+        char *c = malloc((size_t)n + 1);
+        if (!c) return -1;
         memcpy(c, p, (size_t)n);
-        t->owned = owned;
         t->owned[t->n_owned++] = c;
         p = c;
     }
@@ -309,21 +310,69 @@ static int string_id(Scan *s, Ptr *pp, int32_t *id) {
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
+#ifdef __SIZEOF_INT128__
+typedef unsigned __int128 U128;
+
+static int bits128(U128 x) {
+    uint64_t hi = (uint64_t)(x >> 64), lo = (uint64_t)x;
+    return hi ? 128 - __builtin_clzll(hi) : lo ? 64 - __builtin_clzll(lo) : 0;
+}
+
+/* The double nearest (q + a fraction) * 2^e2, ties to even; q has at least 54 bits, `sticky`: the fraction is
+ * not zero. */
+static double rounded(U128 q, int sticky, int e2) {
+    int shift = bits128(q) - 53;
+    U128 mant = q >> shift, rest = q & (((U128)1 << shift) - 1), half = (U128)1 << (shift - 1);
+    if (rest > half || (rest == half && (sticky || (mant & 1)))) mant++;
+    if (mant >> 53) {
+        mant >>= 1;
+        shift++;
+    }
+    return ldexp((double)(uint64_t)mant, shift + e2);
+}
+
+/* m * 10^exp10, correctly rounded, for m < 2^64 and |exp10| <= 22 (-1: not here). Exact integer arithmetic on
+ * 128 bits: the product itself, or the quotient of m shifted left by 10^-exp10, with its remainder. */
+static double scaled(uint64_t m, int exp10) {
+    if (m == 0) return 0.0;
+    if (exp10 >= 19) return -1; /* 10^19 and up do not fit the 64-bit factor */
+    if (exp10 >= 0) {
+        U128 n = (U128)m * (uint64_t)POW10[exp10]; /* 10^18 and below are exact doubles */
+        return bits128(n) <= 53 ? (double)(uint64_t)n : rounded(n, 0, 0);
+    }
+    U128 d = 1;
+    for (int i = 0; i < -exp10; i++) d *= 10;
+    int s = 127 - bits128(m);
+    U128 n = (U128)m << s, q = n / d, r = n % d;
+    while (bits128(q) < 54) { /* one more bit of the quotient */
+        q = 2 * q + (2 * r >= d);
+        r = 2 * r >= d ? 2 * r - d : 2 * r;
+        s++;
+    }
+    return rounded(q, r != 0, -s);
+}
+#endif
+
 /* A number at *pp in JSON's grammar. *is_int: no fraction or exponent, and then *ival holds it (FALLBACK if it
- * does not fit int64); *dval: its value as the nearest double (an exact fast path, else strtod). */
+ * does not fit int64); *dval: its value as the nearest double, ties to even, as the decoder reads it (FALLBACK
+ * where that cannot be had exactly: more than 19 significant digits, or a power of ten past 22). */
 static int number(Ptr *pp, int *is_int, int64_t *ival, double *dval) {
-    Ptr p = *pp, start = p;
+    Ptr p = *pp;
     int neg = *p == '-';
     if (neg) p++;
-    uint64_t m = 0;
-    int digits = 0, exp10 = 0;
+    uint64_t m = 0; /* the significant digits, at most 19 */
+    int digits = 0, exp10 = 0, exact = 1;
     if (*p == '0') {
         p++;
     } else if (*p >= '1' && *p <= '9') {
-        while (*p >= '0' && *p <= '9') {
-            if (digits < 19) m = m * 10 + (uint64_t)(*p - '0'), digits += m != 0;
-            else exp10++;
-            p++;
+        for (; *p >= '0' && *p <= '9'; p++) {
+            if (digits < 19) {
+                m = m * 10 + (uint64_t)(*p - '0');
+                digits++;
+            } else {
+                exp10++; /* a digit past the 19th: its place counts, its value is lost unless zero */
+                exact &= *p == '0';
+            }
         }
     } else {
         return FALLBACK;
@@ -332,9 +381,19 @@ static int number(Ptr *pp, int *is_int, int64_t *ival, double *dval) {
     if (*p == '.') {
         p++;
         if (!(*p >= '0' && *p <= '9')) return FALLBACK;
-        while (*p >= '0' && *p <= '9') {
-            if (digits < 19) { m = m * 10 + (uint64_t)(*p - '0'); digits += m != 0; exp10--; }
-            p++;
+        int zeros = 0; /* held back: trailing zeros ("8e15" written "8000000000000000.0") add no digit */
+        for (; *p >= '0' && *p <= '9'; p++) {
+            if (*p == '0') {
+                zeros++;
+                continue;
+            }
+            for (; zeros >= 0 && (digits < 19 || m == 0); zeros--) { /* leading zeros take no place in m */
+                m = m * 10 + (zeros ? 0 : (uint64_t)(*p - '0'));
+                digits += m != 0;
+                exp10--;
+            }
+            exact &= zeros < 0;
+            zeros = 0;
         }
         frac = 1;
     }
@@ -344,29 +403,32 @@ static int number(Ptr *pp, int *is_int, int64_t *ival, double *dval) {
         if (*p == '+' || *p == '-') eneg = *p++ == '-';
         if (!(*p >= '0' && *p <= '9')) return FALLBACK;
         int e = 0;
-        while (*p >= '0' && *p <= '9') {
+        for (; *p >= '0' && *p <= '9'; p++)
             if (e < 100000) e = e * 10 + (*p - '0');
-            p++;
-        }
         exp10 += eneg ? -e : e;
         has_exp = 1;
     }
     *pp = p;
     *is_int = !frac && !has_exp;
-    if (*is_int) { /* every digit is in m unless there were more than 19 (then exp10 counts them) */
-        if (exp10 != 0 || m > (uint64_t)INT64_MAX) return FALLBACK; /* past int64, or close: the decoder judges */
+    if (*is_int) {
+        if (!exact || exp10 != 0 || m > (uint64_t)INT64_MAX) return FALLBACK; /* past int64: the decoder judges */
         *ival = neg ? -(int64_t)m : (int64_t)m;
         *dval = (double)*ival; /* "-0" is the integer 0, as the decoder reads it */
         return OK;
     }
-    if (digits < 19 && m <= (1ULL << 53) && exp10 >= -22 && exp10 <= 22) {
-        double d = (double)m;
-        d = exp10 < 0 ? d / POW10[-exp10] : d * POW10[exp10];
-        *dval = neg ? -d : d;
+    if (!exact || exp10 < -22 || exp10 > 22) return FALLBACK;
+    double d;
+    if (m <= (1ULL << 53)) { /* both operands exact: one correctly rounded operation */
+        d = exp10 < 0 ? (double)m / POW10[-exp10] : (double)m * POW10[exp10];
     } else {
-        *dval = strtod((const char *)start, NULL);
+#ifdef __SIZEOF_INT128__
+        d = scaled(m, exp10);
+        if (d < 0) return FALLBACK;
+#else
+        return FALLBACK;
+#endif
     }
-    if (!isfinite(*dval)) return FALLBACK; /* the typed decoder refuses it: its words, not ours */
+    *dval = neg ? -d : d;
     return OK;
 }
 
