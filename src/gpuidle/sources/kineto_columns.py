@@ -178,8 +178,8 @@ class Columns:
                 self.hosts += len(evs)
 
     def _add_scanned(self, s: Scanned) -> None:
-        """As :meth:`_add_events`, from the scanner's columns: the scanner read only values that need no
-        coercion and fit int64, so no id is out of range here but the device's and stream's int32."""
+        """As :meth:`_add_events`, from the scanner's columns. The scanner reads only integers within int64, so
+        the only ids out of the model's range here are devices and streams past int32."""
         self.events += len(s)
         strings = s.strings
         code = np.array([_CODE.get(x, -1) for x in strings], np.int8)[s.cat]
