@@ -94,7 +94,7 @@ def main() -> int:
         rss = f"   peak RSS {peak[name] / MIB:,.0f} MiB = {peak[name] / size:.2f}x the JSON" if name in peak else ""
         print(f"{name:<22} {wall:6.2f} s   {wall / floor:5.2f}x gzip -dc{rss}")
     mine, workers_cpu = cpu["gpuidle, every core"]
-    if workers_cpu:
+    if workers_cpu > 0.1 * mine:  # worker processes (a few ms of children are the ledger's git call)
         print(f"every core: CPU of the process that inflates, cuts, merges and analyses {mine:.2f} s, of its "
               f"workers {workers_cpu:.2f} s (the run with the least of the first); on N cores the work takes no "
               f"less than the larger of {mine:.2f} s and {workers_cpu:.2f} s / N")
