@@ -5,4 +5,6 @@ Optional: where it cannot be built (no C compiler) the package installs all the 
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("gpuidle.sources._kscan", ["src/gpuidle/sources/_kscan.c"], optional=True)])
+SOURCES = ["src/gpuidle/sources/_kscan.c", "src/gpuidle/sources/kscan/json.c", "src/gpuidle/sources/kscan/table.c"]
+
+setup(ext_modules=[Extension("gpuidle.sources._kscan", SOURCES, optional=True)])
