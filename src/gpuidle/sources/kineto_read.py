@@ -2,14 +2,14 @@
 
 The reader's stream (:mod:`gpuidle.sources.jsonstream`) cuts the event list into chunks of a few
 MiB. A small trace's chunks are read into columns here, one at a time. A big one's are only
-inflated and cut here, then read into columns in worker processes, a few chunks in flight; the
-columns come back in the file's order and are merged: names and threads re-interned, so the ids
-are those a serial read gives. No per-event object crosses a process: only the chunk's text out
-and its arrays back. Those cuts are taken on trust (a ``},{`` inside a string or a nested object
-is not an event's end): a chunk that does not decode starts the read again with each cut checked
-here for its syntax (a scan that creates no objects, and fails exactly where the typed decoder
-would), so a cut inside an event, and bad bytes, are found and worded as a serial read finds and
-words them.
+inflated and cut here, then read into columns by workers, a few chunks in flight: threads where the
+compiled scanner is built (it reads without the GIL), else processes, to which only the chunk's text
+goes and from which only its arrays come back. The columns come back in the file's order and are
+merged: names and threads re-interned, so the ids are those a serial read gives. The cuts are taken
+on trust (a ``},{`` inside a string or a nested object is not an event's end): a chunk that does not
+decode starts the read again with each cut checked here for its syntax (a scan that creates no
+objects, and fails exactly where the typed decoder would), so a cut inside an event, and bad bytes,
+are found and worded as a serial read finds and words them.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _read_on(workers: int, stream: TraceStream[bytes], path: str, trusted: bool)
 
 
 def _in_order(texts: Iterable[bytes], workers: int, path: str, trusted: bool) -> Iterator[Columns]:
-    """The chunks' columns from a pool of ``workers`` processes, two chunks in flight per worker.
+    """The chunks' columns from a pool of ``workers`` threads or processes, two chunks in flight per worker.
 
     ``trusted``: the chunks' cuts were not checked; a chunk that does not decode raises :class:`_Recheck`, and so
     does an error of the stream itself while a chunk before it does not decode (the serial read meets that first).
