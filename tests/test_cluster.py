@@ -134,6 +134,20 @@ def test_progress_on_the_client(cluster: Any, job: Path) -> None:
     assert seen == [("ranks", 1, 2), ("ranks", 2, 2)]
 
 
+def test_tasks_that_finish_together_count_one_by_one(cluster: Any, job: Path) -> None:
+    """Both ranks' tasks are done before the client looks: one wait returns them together, and progress still
+    counts 1 then 2 (it once said 2/2 twice)."""
+    files = sorted(str(f) for f in job.iterdir())
+    seen: list[tuple[str, int, int]] = []
+    with distributed.Client(cluster) as client, client.as_current():
+        futures = {client.submit(analyze_file, f, pure=False): f for f in files}
+        distributed.wait(list(futures))
+        out, killed = DaskCluster(cluster.scheduler_address)._gather(client, futures, lambda *a: seen.append(a))
+    assert seen == [("ranks", 1, 2), ("ranks", 2, 2)]
+    assert sorted(o.path for o in out) == files
+    assert killed == []
+
+
 class KillOnce(WorkerPlugin):  # type: ignore[misc]
     """Kills the worker process that starts the first gpuidle task (once: a marker file says it was done)."""
 
