@@ -21,6 +21,7 @@ from gpuidle.errors import CorruptInput, GpuidleError
 from gpuidle.model import Timeline
 from gpuidle.sources import jsonstream, kineto, kineto_read, kineto_scan
 
+EXAMPLE = Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"
 TRACES = [
     "nccl_parser_config__nccl_data.json.gz",
     "negative_queue_length_values_check__rank0.json.gz",
@@ -86,10 +87,13 @@ def _reads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return passes
 
 
-def test_a_well_formed_trace_is_read_once_its_cuts_on_trust(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", [DATA / TRACES[1], EXAMPLE], ids=["events last", "keys and a list after the events"])
+def test_a_well_formed_trace_is_read_once_its_cuts_on_trust(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also where keys follow the event list (the example's ``"logs": [...]``: a ``]`` after the list's own):
+    the list's end is found by its syntax, not handed unread to a worker that would fail on what follows."""
     small_chunks(monkeypatch)
     passes = _reads(monkeypatch)
-    _read(DATA / TRACES[1], 2, monkeypatch)
+    _read(path, 2, monkeypatch)
     assert passes == [True]
 
 

@@ -49,6 +49,9 @@ _WS = b" \t\r\n"
 _WS_RUN = re.compile(rb"[ \t\r\n]*")
 _ERROR_BYTE = re.compile(r"\(byte (\d+)\)")
 _generic = msgspec.json.Decoder()
+_array = msgspec.json.Decoder(list[msgspec.Raw])
+"""Checks a JSON array's syntax without building its elements: where the event list ends is found with it, so
+that a decoder which checks nothing (a read on every core hands the chunks on unread) finds it too."""
 
 
 def _wrap(buf: bytearray, end: int) -> bytes:
@@ -274,15 +277,18 @@ class TraceStream(Generic[T]):
     def _finish(self, buf: bytearray, offset: int) -> Iterator[T]:
         """Decode the last chunk: find the ``]`` closing the array and the header tail.
 
-        Usually the last ``]`` closes the array; if not (a ``]`` in a key after it, bad
-        bytes), the decoder is given the rest and stops where the array ends.
+        Usually the last ``]`` closes the array; if not (a ``]`` in a key after it, bad bytes), the rest is read as
+        an array, which stops where the event list ends. Both are judged by the array's syntax before the
+        caller's decoder sees the chunk.
         """
         close = buf.rfind(b"]")
         if close >= 0:
             tail = self._tail(bytes(buf[close + 1:]).strip(_WS))
             if tail is not None:
+                text = _wrap(buf, close)
                 try:
-                    last = self._decode(_wrap(buf, close))
+                    _array.decode(text)
+                    last = self._decode(text)
                 except (msgspec.ValidationError, RecursionError) as err:
                     raise self._invalid(err, offset, None) from None
                 except msgspec.DecodeError:
@@ -292,7 +298,9 @@ class TraceStream(Generic[T]):
                     yield last
                     return
         try:
-            whole = self._decode(b"".join((b"[", buf)))  # a bare-array trace: the array is the rest
+            text = b"".join((b"[", buf))  # a bare-array trace: the array is the rest
+            _array.decode(text)
+            whole = self._decode(text)
         except (msgspec.ValidationError, RecursionError) as err:
             raise self._invalid(err, offset, None) from None
         except msgspec.DecodeError as err:
