@@ -205,27 +205,30 @@ def _tables(results: list[dict[str, Any]], tools: list[str]) -> str:
 
 
 def _targets(results: list[dict[str, Any]]) -> list[str]:
+    """The targets, judged as they are set: on the whole process (start-up and imports included); the work alone
+    is printed beside it."""
     out = []
     for r in results:
         size = mib(r["json_bytes"]) + " MiB"
-        hg = r["ratios"].get("hta_over_gpuidle")
-        if hg is not None:
-            out.append(f"{size}: >= 10x faster than HTA: {hg:.1f}x -> {'met' if hg >= 10 else 'MISSED'}")
-        gf = r["ratios"].get("gpuidle_over_floor")
-        if gf is not None:
-            out.append(f"{size}: not slower than the orjson floor: gpuidle/floor {gf:.2f} -> "
-                       f"{'met' if gf <= 1.0 else 'MISSED'}")
-        gfc = r["ratios"].get("gpuidle_over_floor_gc")
+        ratios = r["ratios"]
+        hw, hg = ratios.get("hta_over_gpuidle_wall"), ratios.get("hta_over_gpuidle")
+        if hw is not None:
+            out.append(f"{size}: >= 10x faster than HTA, whole process: {hw:.1f}x (the work alone {hg:.1f}x) -> "
+                       f"{'met' if hw >= 10 else 'MISSED'}")
+        fw, gf = ratios.get("gpuidle_over_floor_wall"), ratios.get("gpuidle_over_floor")
+        if fw is not None:
+            out.append(f"{size}: not slower than the orjson floor, whole process: gpuidle/floor {fw:.2f} (the work "
+                       f"alone {gf:.2f}) -> {'met' if fw <= 1.0 else 'MISSED'}")
+        gfc = ratios.get("gpuidle_over_floor_gc")
         if gfc is not None:
-            out.append(f"{size}:   ... the floor with the garbage collector on: gpuidle/floor_gc {gfc:.2f} -> "
-                       f"{'met' if gfc <= 1.0 else 'MISSED'}")
+            out.append(f"{size}:   ... the work against the floor with the garbage collector on: gpuidle/floor_gc "
+                       f"{gfc:.2f} -> {'met' if gfc <= 1.0 else 'MISSED'}")
         rss = _get(r, "gpuidle", "maxrss")
         if rss is not None:
             q = rss / r["json_bytes"]
             out.append(f"{size}: peak RSS <= 1.5x JSON: {q:.2f}x -> {'met' if q <= 1.5 else 'MISSED'}")
         if r["json_bytes"] >= 1000 * MIB and _get(r, "gpuidle", "wall_s") is not None:
-            w = _get(r, "gpuidle", "wall_s")
-            out.append(f"{size}: 1 GiB in <= 15 s: {w:.1f} s wall -> {'met' if w <= 15 else 'MISSED'}")
+            out.append(f"{size}: {_get(r, 'gpuidle', 'wall_s'):.1f} s wall (against gzip -dc: bench/read_workers.py)")
     per_ev = [(r["events"], _get(r, "gpuidle", "work_s")) for r in results]
     per_ev = [(e, w) for e, w in per_ev if w is not None]
     if len(per_ev) >= 2:
@@ -284,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios = {
             "gpuidle_over_floor": _paired(runs, "gpuidle", "floor", "work_s"),
             "gpuidle_over_floor_cpu": _paired(runs, "gpuidle", "floor", "work_cpu_s"),
+            "gpuidle_over_floor_wall": _paired(runs, "gpuidle", "floor", "wall_s"),
             "gpuidle_over_floor_gc": _paired(runs, "gpuidle", "floor_gc", "work_s"),
             "hta_over_gpuidle": _paired(runs, "hta", "gpuidle", "work_s"),
             "hta_over_gpuidle_cpu": _paired(runs, "hta", "gpuidle", "work_cpu_s"),
