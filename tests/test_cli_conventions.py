@@ -93,6 +93,8 @@ NOT_ON_THE_JSON_PATH = (
     # the other formats' readers, and what only they or remote inputs need
     "gpuidle.sources.xspace", "gpuidle.sources.xplanes", "gpuidle.sources.nsys", "google.protobuf", "fsspec",
     "subprocess", "tempfile",
+    # what numpy and argparse import on first use of np.unique and of a help formatter's width: 12 ms of a start
+    "numpy.ma", "shutil",
     # a cluster: only with --scheduler, DASK_SCHEDULER_ADDRESS or Dask's configuration
     "dask", "distributed", "gpuidle.jobs.cluster",
 )

@@ -14,6 +14,7 @@ import numpy as np
 
 from gpuidle.analysis import intervals as iv
 from gpuidle.model import I32, I64, HostKind, Timeline
+from gpuidle.model.arrays import distinct
 
 DISPATCH_BUDGET_NS = 100_000
 """Host time an eager operator may take per launch it issues (PyTorch eager: 10-100 µs)."""
@@ -64,7 +65,7 @@ def self_time(start: I64, end: I64, thread: I32, rows: I64, nested: I64) -> iv.I
         return iv.EMPTY
     out_s: list[I64] = []
     out_e: list[I64] = []
-    for t in np.unique(thread[rows]).tolist():
+    for t in distinct(thread[rows]).tolist():
         inner = nested[thread[nested] == t]
         inner = inner[np.argsort(start[inner], kind="stable")]
         i_start, i_end = start[inner], end[inner]

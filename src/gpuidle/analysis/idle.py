@@ -54,6 +54,7 @@ from gpuidle.analysis.hostwork import DISPATCH_BUDGET_NS, innermost, launches_in
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import CAUSES, HTOD_KINDS, I64, Cause, CopyKind, DeviceOpKind, HostKind, Timeline
+from gpuidle.model.arrays import distinct
 
 CAUSE_INDEX = {c: i for i, c in enumerate(CAUSES)}
 MAX_LAUNCH_LATENCY_NS = 50_000
@@ -144,7 +145,7 @@ def feeding_threads(tl: Timeline, launchers: I64, device: int) -> np.ndarray:
     rows = launchers[(tl.device_ops.device == device) & (launchers >= 0)]
     if rows.size == 0:
         return iv.sorted_unique(tl.host.thread.astype(np.int64))
-    launching = {int(t) for t in np.unique(tl.host.thread[rows])}
+    launching = {int(t) for t in distinct(tl.host.thread[rows])}
     dispatching = {src for src, dst in tl.handoffs if dst in launching}
     return np.array(sorted(launching | dispatching), dtype=np.int64)
 

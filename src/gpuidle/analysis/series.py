@@ -59,6 +59,7 @@ from gpuidle.model import (
     Straggler,
     Window,
 )
+from gpuidle.model.arrays import distinct
 
 STEP_SOURCE = "tracker"
 WINDOW_KIND = "tracker_steps"
@@ -411,7 +412,7 @@ def job_report(series: list[StepSeries], reports: list[RankReport], duplicates: 
             low, high = score_interval(ratios, geometric=by_step_time)
             if not is_straggler(st.score, low, common.size) or hit.size < max(1, common.size // 2):
                 continue  # a straggler is slower by itself, beyond noise, and the last one in most steps
-            shown = hit[np.unique(np.linspace(0, hit.size - 1, min(hit.size, LISTED_LATE_STEPS)).round().astype(int))]
+            shown = hit[distinct(np.linspace(0, hit.size - 1, min(hit.size, LISTED_LATE_STEPS)).round().astype(int))]
             cause, why = why_late(s, [o for o in aligned if o.rank != s.rank])
             stragglers.append(Straggler(
                 rank=s.rank, steps=[int(x) for x in common[shown]], lateness_s=_s(float(lateness[shown].mean())),

@@ -35,6 +35,7 @@ from gpuidle.model import (
     Timeline,
     Window,
 )
+from gpuidle.model.arrays import distinct
 
 TOP_PYTHON = 5
 
@@ -184,7 +185,7 @@ def _accumulation_repeats(coll: Collectives, on_device: np.ndarray) -> int:
     if sel.size == 0:
         return 1
     repeats = []
-    for step in np.unique(coll.step[sel]):
+    for step in distinct(coll.step[sel]):
         sizes = coll.nbytes[sel[coll.step[sel] == step]]
         n = sizes.size
         best = 1

@@ -7,6 +7,7 @@ import numpy as np
 
 from gpuidle.analysis.names import NameClasses
 from gpuidle.model import I64, DeviceOpKind, HostKind, Timeline, Workload
+from gpuidle.model.arrays import distinct
 
 MIN_GRAPH_SHARE = 0.5
 """A step replays CUDA graphs when at least half of its kernels come from graph launches."""
@@ -30,6 +31,6 @@ def workload(tl: Timeline, names: NameClasses, launchers: I64) -> Workload | Non
     else:
         execution = "eager"
     both = np.concatenate((named, ops.name))
-    engines = {tl.strings[int(i)].lower() for i in np.unique(both[names.engine[both]])}
+    engines = {tl.strings[int(i)].lower() for i in distinct(both[names.engine[both]])}
     engine = next((e for e in ("vllm", "sglang") if any(e in n for n in engines)), None)
     return Workload(mode=mode, execution=execution, engine=engine)

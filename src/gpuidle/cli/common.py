@@ -23,6 +23,27 @@ LEDGER_ENV = "GPUIDLE_LEDGER"
 """The environment variable that names the ledger file (read by :func:`gpuidle.ledger.default_path`)."""
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, as wide as the terminal, without the ``shutil`` import (with ``bz2`` and ``lzma``,
+    4 ms) that argparse makes for that width on every parser, help asked or not."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _terminal_columns() - 2 if width is None else width)
+
+
+def _terminal_columns() -> int:
+    """``shutil.get_terminal_size().columns``: ``COLUMNS`` if set, else the terminal's, else 80."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one ``gpuidle: error:`` line and exit code 2.
 
@@ -31,6 +52,7 @@ class Parser(argparse.ArgumentParser):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
         self.add_argument("--color", choices=COLOR_CHOICES, default=argparse.SUPPRESS,
                           help="colour in terminal output: auto (a terminal, unless NO_COLOR is set), always, never")

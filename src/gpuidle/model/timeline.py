@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gpuidle.model.arrays import distinct
+
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
@@ -204,6 +206,6 @@ class Timeline:
     """Device indices with any activity, ascending."""
 
     def __post_init__(self) -> None:
-        self.devices = [int(d) for d in np.unique(self.device_ops.device)]
+        self.devices = [int(d) for d in distinct(self.device_ops.device)]
 
 

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
+from gpuidle.model.arrays import distinct
+
 TIMER_TOLERANCE = 0.01
 """Growth under 1 % of the median time is timer resolution and jitter, not bandwidth."""
 MAX_LINK_GBPS = 10_000.0
@@ -51,7 +53,7 @@ def fit_latency_bandwidth(points: Sequence[TimedSize]) -> TimeFit | None:
     pts = sorted(points, key=lambda p: p.nbytes)
     x = np.array([p.nbytes for p in pts], dtype=np.float64)
     y = np.array([p.seconds for p in pts], dtype=np.float64)
-    if len(np.unique(x)) < 2 or not np.all(np.isfinite(y)) or np.any(y <= 0):
+    if len(distinct(x)) < 2 or not np.all(np.isfinite(y)) or np.any(y <= 0):
         return None
     dx = x - x.mean()
     slope = float((dx * (y - y.mean())).sum() / (dx * dx).sum())  # centred: equal times give exactly 0

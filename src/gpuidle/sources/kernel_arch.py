@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-
 from gpuidle.model import DeviceOpKind, DeviceOps
+from gpuidle.model.arrays import distinct
 
 FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("maxwell", re.compile(r"^maxwell_")),
@@ -44,8 +43,8 @@ def kernel_arch_by_device(strings: list[str], ops: DeviceOps) -> dict[int, str]:
     """Per device, the newest family among its kernels' names (distinct names only)."""
     out: dict[int, str] = {}
     kernels = ops.kind == DeviceOpKind.KERNEL
-    for d in np.unique(ops.device[kernels]):
-        names = np.unique(ops.name[kernels & (ops.device == d)])
+    for d in distinct(ops.device[kernels]):
+        names = distinct(ops.name[kernels & (ops.device == d)])
         found = [f for n in names if (f := family(strings[int(n)])) is not None]
         cdna = [f for f in found if f.startswith("cdna")]
         best = max(cdna or found, key=lambda n: ORDER[n], default=None)

@@ -31,6 +31,7 @@ from gpuidle.model import (
     Timeline,
     TraceMeta,
 )
+from gpuidle.model.arrays import distinct
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
 from gpuidle.sources.kineto_columns import MAX_SPAN_US
 from gpuidle.sources.kineto_events import I32_MAX
@@ -137,7 +138,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
         group_size=np.asarray(c["size"], dtype=np.int32), dtype=c["dtype"],
     )
     meta = _meta(path, header, int(t0_us) * 1000)
-    _match_only_device(meta, np.unique(device_ops.device))
+    _match_only_device(meta, distinct(device_ops.device))
     meta.kernel_arch = kernel_arch_by_device(strings, device_ops)
     meta.notes.extend(skipped)
     return Timeline(

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuidle.model import I64, DeviceOpKind, HostKind
+from gpuidle.model.arrays import distinct
 from gpuidle.sources.kineto_events import (
     EMPTY_ARGS,
     I32_MAX,
@@ -185,7 +186,7 @@ class Columns:
         code = np.array([_CODE.get(x, -1) for x in strings], np.int8)[s.cat]
         code[np.array([x != "X" for x in strings], bool)[s.ph]] = -1  # only complete events
         if not self.dev["ts"]:  # no GPU activity yet: remember categories of other accelerators
-            self.foreign.update(c for c in map(strings.__getitem__, np.unique(s.cat).tolist())
+            self.foreign.update(c for c in map(strings.__getitem__, distinct(s.cat).tolist())
                                 if _FOREIGN_ACCELERATOR.match(c))
         known = len(self.string_ids)
 
@@ -362,7 +363,7 @@ def _streams_of_tids(strings: list[str], tid_s: npt.NDArray[np.int32], tid: I64)
     named = tid_s >= 0
     if not named.any():
         return tid
-    streams = {i: _stream_in(strings[i]) for i in np.unique(tid_s[named]).tolist()}
+    streams = {i: _stream_in(strings[i]) for i in distinct(tid_s[named]).tolist()}
     return np.where(named, [streams.get(i, 0) for i in tid_s.tolist()], tid)
 
 

@@ -40,6 +40,7 @@ from gpuidle.model import (
     Timeline,
     TraceMeta,
 )
+from gpuidle.model.arrays import distinct
 from gpuidle.sources import nsys_db
 from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.nsys_db import Tables
@@ -262,13 +263,13 @@ def _host_rows(t: Tables, names: _Names, dev: _Rows) -> _Rows:
     nvtx = _nvtx_rows(t, names)
     if nvtx is not None:
         parts.append(nvtx)
-    feeding = np.unique(rt["gtid"]) if rt is not None else np.zeros(0, dtype=np.int64)
+    feeding = distinct(rt["gtid"]) if rt is not None else np.zeros(0, dtype=np.int64)
     read_ids = t.string_ids(FILE_READ_CALLS) if t.pick("OSRT_API", "nameId") else []
     osrt = t.ints("OSRT_API", {"start": ("start",), "end": ("end",), "gtid": ("globalTid",), "raw": ("nameId",)},
                   where=f"nameId IN ({','.join(map(str, read_ids))})") if read_ids and feeding.size else None
     if osrt is not None and osrt["start"].size:
         osrt = {k: v[np.isin(osrt["gtid"], feeding)] for k, v in osrt.items()}
-        osrt["name"] = names.mapped(osrt["raw"], t.strings(np.unique(osrt["raw"])))
+        osrt["name"] = names.mapped(osrt["raw"], t.strings(distinct(osrt["raw"])))
         osrt["corr"] = np.full(osrt["start"].size, -1, dtype=np.int64)
         osrt["kind"] = np.full(osrt["start"].size, HostKind.ANNOTATION, dtype=np.int64)
         del osrt["raw"]
@@ -383,7 +384,7 @@ Rank = tuple[int | None, list[int], list[str]]
 
 def _ranks(dev: _Rows, host: _Rows, names: _Names, env: dict[str, str]) -> list[Rank]:
     """``(rank, processes, notes)`` per rank: processes with GPU work, split or merged (module docstring)."""
-    procs = [int(p) for p in np.unique(dev.cols["proc"])]
+    procs = [int(p) for p in distinct(dev.cols["proc"])]
     pids = [p & 0xFFFFFF for p in procs]
     if len(procs) == 1:
         rank = _env_int(env, RANK_ENV)
@@ -394,7 +395,7 @@ def _ranks(dev: _Rows, host: _Rows, names: _Names, env: dict[str, str]) -> list[
     nvtx_rank: dict[int, int] = {}
     for p in procs:
         mine = host.cols["name"][(host.cols["proc"] == p) & (host.cols["kind"] == HostKind.ANNOTATION)]
-        found = {int(m.group(1)) for i in np.unique(mine) if (m := _RANK_NVTX.search(strings[int(i)]))}
+        found = {int(m.group(1)) for i in distinct(mine) if (m := _RANK_NVTX.search(strings[int(i)]))}
         if len(found) == 1:
             nvtx_rank[p] = found.pop()
     if len(nvtx_rank) == len(procs) and len(set(nvtx_rank.values())) == len(procs):

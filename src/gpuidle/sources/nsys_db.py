@@ -20,6 +20,7 @@ import numpy as np
 
 from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound
 from gpuidle.model import I64
+from gpuidle.model.arrays import distinct
 
 if TYPE_CHECKING:
     import sqlite3
@@ -157,7 +158,7 @@ class Tables:
 
     def strings(self, ids: I64) -> dict[int, str]:
         """``StringIds`` values of the given ids."""
-        wanted = np.unique(ids[ids >= 0])
+        wanted = distinct(ids[ids >= 0])
         out: dict[int, str] = {}
         if not self.has("StringIds") or wanted.size == 0:
             return out

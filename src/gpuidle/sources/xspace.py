@@ -43,6 +43,7 @@ from gpuidle.model import (
     Timeline,
     TraceMeta,
 )
+from gpuidle.model.arrays import distinct
 from gpuidle.sources import xplanes
 from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.xplanes import Line, Plane, Space
@@ -307,8 +308,8 @@ def _handoffs(cols: dict[str, I64], threads: list[tuple[str, str]], strings: lis
                                                  strict=True) if f in by_flow}
     else:
         dispatch = np.fromiter((bool(DISPATCH.search(s)) for s in strings), dtype=bool, count=len(strings))
-        senders = np.unique(cols["thread"][dispatch[cols["name"]]]).tolist()
-        launchers = np.unique(cols["thread"][cols["corr"] >= 0]).tolist()
+        senders = distinct(cols["thread"][dispatch[cols["name"]]]).tolist()
+        launchers = distinct(cols["thread"][cols["corr"] >= 0]).tolist()
         pairs = {(a, b) for a in senders for b in launchers}
     return sorted((a, b) for a, b in pairs if a != b and not _INPUT_THREAD.match(threads[a][1]))
 
@@ -324,8 +325,8 @@ def _marked_steps(host: dict[str, I64], t0: int) -> Steps:
     empty = np.zeros(0, dtype=np.int64)
     if rows.size == 0:
         return Steps(empty, empty, empty, "none")
-    names = np.unique(host["name"][rows])
-    best = max(names, key=lambda n: (np.unique(host["step"][rows[host["name"][rows] == n]]).size, -n))
+    names = distinct(host["name"][rows])
+    best = max(names, key=lambda n: (distinct(host["step"][rows[host["name"][rows] == n]]).size, -n))
     rows = rows[host["name"][rows] == best]
     rows = rows[np.argsort(host["start"][rows], kind="stable")]
     number = host["step"][rows]

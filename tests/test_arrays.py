@@ -1,0 +1,32 @@
+"""``distinct`` gives what ``np.unique`` gives, on the dtypes columns have."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuidle.model.arrays import distinct
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int16, np.uint8, np.float64, np.float32])
+def test_distinct_is_np_unique(dtype: type) -> None:
+    rng = np.random.default_rng(7)
+    for size in (0, 1, 2, 3, 50, 2_000):
+        values = rng.integers(-5 if np.issubdtype(dtype, np.signedinteger) or dtype in (np.float64, np.float32) else 0,
+                              40, size).astype(dtype)
+        got = distinct(values)
+        assert got.dtype == values.dtype
+        np.testing.assert_array_equal(got, np.unique(values))
+
+
+def test_nans_count_once_and_shape_is_flattened() -> None:
+    values = np.array([[3.0, np.nan], [np.nan, -0.0], [0.0, np.inf]])
+    np.testing.assert_array_equal(distinct(values), np.unique(values))
+    assert np.isnan(distinct(values)).sum() == 1
+    assert distinct([2, 2, 1]).tolist() == [1, 2]
+
+
+def test_input_is_not_sorted_in_place() -> None:
+    values = np.array([3, 1, 2, 1])
+    distinct(values)
+    assert values.tolist() == [3, 1, 2, 1]
