@@ -118,3 +118,18 @@ def test_importing_the_cli_loads_no_subcommand() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(proc.stdout.split())
     assert not {"numpy", "msgspec", "gpuidle.api", "gpuidle.cli.analyze"} & loaded
+
+
+def test_the_process_entry_sets_the_collector_for_a_short_process_and_main_leaves_it_alone() -> None:
+    code = ("import gc, io, contextlib, sys\n"
+            "from gpuidle.cli import COLLECT_EVERY, main, run\n"
+            "before = gc.get_threshold()\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main(['analyze', '--json', '--no-ledger', {TRACE!r}]) == 0\n"
+            "assert gc.get_threshold() == before and gc.get_freeze_count() == 0\n"
+            f"sys.argv = ['gpuidle', 'analyze', '--json', '--no-ledger', {TRACE!r}]\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert run() == 0\n"
+            "assert gc.get_threshold() == (COLLECT_EVERY, *before[1:]), gc.get_threshold()\n"
+            "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

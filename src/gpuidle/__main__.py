@@ -1,5 +1,5 @@
 """``python -m gpuidle``: the same as the ``gpuidle`` command."""
 
-from gpuidle.cli import main
+from gpuidle.cli import run
 
-raise SystemExit(main())
+raise SystemExit(run())

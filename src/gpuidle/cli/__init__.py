@@ -10,6 +10,7 @@ stderr, ``gpuidle: error: ...``); 130 interrupted. A subcommand may return anoth
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -51,6 +52,24 @@ def _command(argv: Sequence[str]) -> str | None:
         elif not word.startswith("-"):
             return word
     return None
+
+
+COLLECT_EVERY = 100_000
+"""Allocations between two of the cyclic collector's young collections in the ``gpuidle`` process (Python's
+default: 700). A command builds most of its objects once and keeps them to its end (modules, a trace's string
+table, the report), so frequent collections only re-scan them; collections still come, every 100,000."""
+
+
+def run() -> int:
+    """The ``gpuidle`` process (the command, ``python -m gpuidle``): :func:`main`, with the collector set for a
+    short-lived process. At the end every object is frozen (``gc.freeze``): the interpreter's collections on the
+    way out then pass over them, and a command ends 15-20 ms sooner (numpy's objects alone cost 12 ms a
+    collection); the objects are freed as before. Only here, never in :func:`main`, which a longer-lived caller
+    may run."""
+    gc.set_threshold(COLLECT_EVERY, *gc.get_threshold()[1:])
+    code = main()
+    gc.freeze()
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
