@@ -28,6 +28,7 @@ from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import I64, HostEvents, HostKind, Timeline
+from gpuidle.model.arrays import distinct
 
 STARTUP_MIN_NS = 1_000_000
 """Below 1 ms a call is not worth setting apart, whatever it is."""
@@ -66,11 +67,14 @@ def find_startup(tl: Timeline, names: NameClasses, window: StepWindow, launchers
     long = dur >= STARTUP_MIN_NS
     rt = host.kind == HostKind.RUNTIME
     found: dict[int, tuple[str, str]] = {}
-    classes = {k: np.fromiter((p.search(s) is not None for s in strings), dtype=bool, count=len(strings))
-               for k, p in (("context", CONTEXT), ("module_load", MODULE), ("allocation", ALLOCATION),
-                            ("stream", STREAM), ("compile", COMPILE))}
     if not strings:
         return Startup(np.zeros(0, dtype=np.int64), [], [])
+    named = distinct(host.name[long])  # only a long call can be start-up: the others' names go untested
+    classes = {}
+    for k, p in (("context", CONTEXT), ("module_load", MODULE), ("allocation", ALLOCATION), ("stream", STREAM),
+                 ("compile", COMPILE)):
+        classes[k] = np.zeros(len(strings), dtype=bool)
+        classes[k][named] = [p.search(strings[i]) is not None for i in named.tolist()]
     for i in np.flatnonzero(long & rt & classes["context"][host.name]):
         if _first_of_name(host, int(i)):
             found[int(i)] = ("context", strings[host.name[i]])

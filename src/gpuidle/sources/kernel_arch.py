@@ -15,27 +15,33 @@ import re
 from gpuidle.model import DeviceOpKind, DeviceOps
 from gpuidle.model.arrays import distinct
 
-FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("maxwell", re.compile(r"^maxwell_")),
-    ("pascal", re.compile(r"^pascal_")),
-    ("volta", re.compile(r"^volta_|_volta_|^sm70_")),
-    ("turing", re.compile(r"^turing_|^sm75_")),
-    ("ampere", re.compile(r"^ampere_|^sm8[06]_|_sm8[06]_|cutlass_80_|_sm80\b")),
-    ("ada", re.compile(r"^sm89_|_sm89_")),
-    ("hopper", re.compile(r"^sm90a?_|_sm90a?_|wgmma|cutlass3x_sm90|_sm90\b")),
-    ("blackwell", re.compile(r"^sm10\d_|_sm10\d[af]?_|cutlass3x_sm10\d|tcgen05")),
-    ("cdna", re.compile(r"^Cijk_|^ck_|rocblas|miopen|MIOpen|hipblaslt", re.IGNORECASE)),
-    ("cdna2", re.compile(r"gfx90a")),
-    ("cdna3", re.compile(r"gfx94[0-2]")),
+FAMILIES: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...] = (
+    ("maxwell", (re.compile(r"^maxwell_"),)),
+    ("pascal", (re.compile(r"^pascal_"),)),
+    ("volta", (re.compile(r"^(volta_|sm70_)"), re.compile(r"_volta_"))),
+    ("turing", (re.compile(r"^(turing_|sm75_)"),)),
+    ("ampere", (re.compile(r"^(ampere_|sm8[06]_)"), re.compile(r"_sm8[06]_|cutlass_80_|_sm80\b"))),
+    ("ada", (re.compile(r"^sm89_"), re.compile(r"_sm89_"))),
+    ("hopper", (re.compile(r"^sm90a?_"), re.compile(r"_sm90a?_|wgmma|cutlass3x_sm90|_sm90\b"))),
+    ("blackwell", (re.compile(r"^sm10\d_"), re.compile(r"_sm10\d[af]?_|cutlass3x_sm10\d|tcgen05"))),
+    ("cdna", (re.compile(r"^(cijk_|ck_)"), re.compile(r"rocblas|miopen|hipblaslt"))),
+    ("cdna2", (re.compile(r"gfx90a"),)),
+    ("cdna3", (re.compile(r"gfx94[0-2]"),)),
 )
 """In order of age within a vendor: the last family found on a device wins. ``cdna`` (a ROCm library named,
-no architecture) comes before the gfx targets, so that a Tensile ``Cijk_…_gfx942`` kernel reads as CDNA3."""
+no architecture) comes before the gfx targets, so that a Tensile ``Cijk_…_gfx942`` kernel reads as CDNA3. A
+family is named where any of its patterns is found; ``cdna``'s, whatever the case (searched in the lowercased
+name). Anchored and unanchored alternatives are apart, each pattern led by literals, as ``re`` searches fastest
+(``analysis.names`` says why)."""
+FOLDED = frozenset({"cdna"})
 ORDER = {name: i for i, (name, _) in enumerate(FAMILIES)}
 
 
 def family(kernel: str) -> str | None:
     """The newest family a kernel name claims, or None."""
-    found = [name for name, pattern in FAMILIES if pattern.search(kernel)]
+    lowered = kernel.lower()
+    found = [name for name, patterns in FAMILIES
+             if any(p.search(lowered if name in FOLDED else kernel) for p in patterns)]
     return max(found, key=lambda n: ORDER[n], default=None)
 
 
