@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -121,8 +120,7 @@ def _one_job(paths: list[str], files: Sequence[str], tracked: bool, workers: int
     return report, tuple(o.analysis for o in outcomes if o.analysis is not None)
 
 
-@dataclass(frozen=True, slots=True)
-class JobResult:
+class JobResult(msgspec.Struct, frozen=True):
     """One job of a submit: its report, or the one line saying why it has none."""
 
     name: str
@@ -134,8 +132,7 @@ class JobResult:
     so no trace is analysed again, on the client or anywhere."""
 
 
-@dataclass(frozen=True, slots=True)
-class Jobs:
+class Jobs(msgspec.Struct, frozen=True):
     fleet: bool
     """The inputs were folders of jobs (one report per job, and a fleet table), not one job."""
     results: list[JobResult]

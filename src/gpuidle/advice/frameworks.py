@@ -9,16 +9,13 @@ API named here is checked against the installed package in ``tests/test_framewor
 
 from __future__ import annotations
 
-import dataclasses
-
 import msgspec
 
 from gpuidle.advice.whatif import Proposal
 from gpuidle.model import Workload
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Wording:
+class Wording(msgspec.Struct, frozen=True):
     title: str
     fix: str
     """``{dtype}`` is replaced by the mixed-precision dtype the device supports (``bfloat16``/``float16``)."""
@@ -337,7 +334,7 @@ def in_framework(proposals: list[Proposal], framework: str | None) -> list[Propo
     for p in proposals:
         if p.rec.id.startswith(STRAGGLER):
             fix = p.rec.fix.replace("its DataLoader workers", INPUT_PIPELINE[framework or ""])
-            out.append(dataclasses.replace(p, rec=msgspec.structs.replace(p.rec, fix=fix)))
+            out.append(msgspec.structs.replace(p, rec=msgspec.structs.replace(p.rec, fix=fix)))
             continue
         if p.rec.id not in table:
             out.append(p)
@@ -348,5 +345,5 @@ def in_framework(proposals: list[Proposal], framework: str | None) -> list[Propo
         dtype = "float16" if p.rec.evidence.get("dtype") == "fp16" else "bfloat16"
         rec = msgspec.structs.replace(p.rec, title=wording.title.replace("{dtype}", dtype),
                                       fix=wording.fix.replace("{dtype}", dtype))
-        out.append(dataclasses.replace(p, rec=rec))
+        out.append(msgspec.structs.replace(p, rec=rec))
     return out

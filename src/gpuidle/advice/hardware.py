@@ -12,7 +12,8 @@ no tensor-core speed-up is claimed. Host-timed runs make no device claim at all.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuidle.model import DeviceReport
 
@@ -21,8 +22,7 @@ _AMD = re.compile(r"\bAMD\b|Radeon|Instinct|\bMI\d{3}", re.I)
 _CDNA2_PLUS = re.compile(r"\bMI[23]\d{2}", re.I)
 
 
-@dataclass(frozen=True, slots=True)
-class Hardware:
+class Hardware(msgspec.Struct, frozen=True):
     platform: str
     """``cuda``, ``rocm``, ``host`` (host-timed, no device) or ``unknown``."""
     name: str | None

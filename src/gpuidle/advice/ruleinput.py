@@ -7,7 +7,8 @@ effect they propose is computed by the what-if model, never here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuidle.advice.hardware import Hardware, hardware
 from gpuidle.advice.whatif import Effect, Proposal, RankState, modelled, placeholder
@@ -19,8 +20,7 @@ COMPUTE = "compute"
 """The ``cause`` of a recommendation that shortens busy time rather than idle time."""
 
 
-@dataclass(frozen=True, slots=True)
-class RuleInput:
+class RuleInput(msgspec.Struct, frozen=True):
     """One rank's report, its steady-state step, and what the rules keep asking of it."""
 
     report: RankReport

@@ -26,9 +26,9 @@ gain is its rank's own step time saved (``scope="rank"``) and the job's notes sa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import msgspec
 import numpy as np
 
 from gpuidle.analysis.steps import counted
@@ -46,8 +46,7 @@ the measured means (and rounding in their sums) never decides between two fixes.
 Bound = Literal["low", "nominal", "high"]
 
 
-@dataclass(frozen=True, slots=True)
-class Effect:
+class Effect(msgspec.Struct, frozen=True):
     """What a fix removes from one rank's steady step, in seconds per step.
 
     ``idle``: cause -> seconds; ``busy``: compute time; ``pools``: further pools it claims.
@@ -57,7 +56,7 @@ class Effect:
     parts of one cause are not alternatives to each other, though they still share that cause's idle.
     """
 
-    idle: dict[str, float] = field(default_factory=dict)
+    idle: dict[str, float] = msgspec.field(default_factory=dict)
     busy: float = 0.0
     pools: tuple[str, ...] = ()
     reason: str | None = None
@@ -71,7 +70,7 @@ class Effect:
         f = {"low": self.low, "nominal": 1.0, "high": self.high}[bound]
         if f == 1.0:
             return self
-        return replace(self, idle={c: sec * f for c, sec in self.idle.items()}, busy=self.busy * f)
+        return msgspec.structs.replace(self, idle={c: sec * f for c, sec in self.idle.items()}, busy=self.busy * f)
 
     @property
     def modelled(self) -> bool:
@@ -80,11 +79,10 @@ class Effect:
 
 def modelled(effect: Effect, low: float, high: float) -> Effect:
     """``effect`` as the nominal of a modelled saving whose assumption spans ``low``..``high`` times it."""
-    return replace(effect, low=low, high=high)
+    return msgspec.structs.replace(effect, low=low, high=high)
 
 
-@dataclass(slots=True)
-class Proposal:
+class Proposal(msgspec.Struct):
     """A recommendation before its gain is known, with its effect on each rank it applies to."""
 
     rec: Recommendation
@@ -94,8 +92,7 @@ class Proposal:
 Applied = Sequence[tuple[Proposal, Bound]]
 
 
-@dataclass(frozen=True, slots=True)
-class RankState:
+class RankState(msgspec.Struct, frozen=True):
     rank: int
     step_s: float
     busy_s: float
@@ -131,8 +128,7 @@ def excess(mine: RankState, peers: Sequence[RankState]) -> Effect:
     return Effect(idle=idle, busy=busy if busy > noise else 0.0)
 
 
-@dataclass(slots=True)
-class Model:
+class Model(msgspec.Struct):
     ranks: dict[int, RankState]
 
     def step_s(self, applied: Applied = ()) -> float:
@@ -218,7 +214,7 @@ def _job_wide(p: Proposal, model: Model) -> Proposal:
     share, like = min(shares, key=lambda se: se[0])
     for r, state in model.ranks.items():
         if r not in p.effects and state.idle.get(comm, 0.0) > 0:
-            p.effects[r] = replace(like, idle={comm: share * state.idle[comm]}, busy=0.0, pools=())
+            p.effects[r] = msgspec.structs.replace(like, idle={comm: share * state.idle[comm]}, busy=0.0, pools=())
     return p
 
 

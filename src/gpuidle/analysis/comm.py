@@ -13,8 +13,8 @@ and all_to_all, and 1 for broadcast and reduce.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
@@ -82,8 +82,7 @@ def size_bucket(nbytes: int) -> str:
     return SIZE_BUCKETS[-1][1]
 
 
-@dataclass(frozen=True, slots=True)
-class Collectives:
+class Collectives(msgspec.Struct, frozen=True):
     """One row per collective kernel in the window."""
 
     op: I64

@@ -15,8 +15,8 @@ Infinite values are never a reading.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
+import msgspec
 import numpy as np
 
 from gpuidle.model import F64, GPU_METRICS, DeviceSeries
@@ -78,5 +78,5 @@ def without_impossible_values(devices: list[DeviceSeries]) -> tuple[list[DeviceS
                 what = GPU_METRICS.get(key, key).split(":")[0].split(",")[0]
                 notes.append(f"device {d.device}: {bad.size} {what} value(s) {_range_text(key)} ({shown}) "
                              f"treated as not available")
-        out.append(replace(d, values=values))
+        out.append(msgspec.structs.replace(d, values=values))
     return out, notes

@@ -45,8 +45,7 @@ start-up idle tile the idle time exactly; :meth:`DeviceIdle.self_check` proves i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
@@ -64,8 +63,7 @@ STARTUP_LABEL = len(CAUSES)
 """The label of idle segments under start-up costs: past the causes, counted apart."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceIdle:
+class DeviceIdle(msgspec.Struct, frozen=True):
     """Idle attribution of one device over a window. All times in ns."""
 
     device: int

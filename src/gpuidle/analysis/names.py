@@ -14,8 +14,8 @@ alternative of a pattern starts with a literal, and tries a ``^`` pattern at the
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from gpuidle.model import FILE_READ_CALLS
@@ -88,8 +88,7 @@ def _mask(strings: list[str], test: Fact | frozenset[str]) -> np.ndarray:
     return mask
 
 
-@dataclass(frozen=True, slots=True)
-class NameClasses:
+class NameClasses(msgspec.Struct, frozen=True):
     """Boolean lookup arrays over a timeline's string table."""
 
     sync_call: np.ndarray

@@ -13,8 +13,8 @@ that was exposed idle moves from ``communication`` to ``straggler_wait``.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
@@ -63,8 +63,7 @@ def is_straggler(score: float, low: float, steps: int) -> bool:
 HOST_CAUSES = (Cause.DATA_LOADING, Cause.CPU_COMPUTE, Cause.HOST_SYNC, Cause.LAUNCH_OVERHEAD, Cause.MEMCPY)
 
 
-@dataclass(frozen=True, slots=True)
-class Arrival:
+class Arrival(msgspec.Struct, frozen=True):
     """Per matched collective: every rank's wait (ns) and who came last."""
 
     key: tuple[int, str, int]

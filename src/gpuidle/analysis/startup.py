@@ -20,8 +20,8 @@ A call is a start-up cost when it lasts at least :data:`STARTUP_MIN_NS` and
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
@@ -49,8 +49,7 @@ COMPILE = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Startup:
+class Startup(msgspec.Struct, frozen=True):
     """Start-up calls: rows in ``tl.host``, their kind, and a readable name."""
 
     rows: I64

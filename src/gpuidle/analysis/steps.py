@@ -8,8 +8,7 @@ from the first to the last device activity.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -18,8 +17,7 @@ from gpuidle.analysis.names import NameClasses
 from gpuidle.model import I64, HostKind, StepReport, Steps, Timeline
 
 
-@dataclass(frozen=True, slots=True)
-class StepWindow:
+class StepWindow(msgspec.Struct, frozen=True):
     """The steps analysed and the window they span; ``bounds[i]`` .. ``bounds[i+1]`` is step i."""
 
     steps: Steps

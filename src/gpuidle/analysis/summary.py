@@ -7,8 +7,7 @@ communication segments), so ranks can be analysed in separate processes and merg
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
@@ -40,8 +39,7 @@ from gpuidle.model.arrays import distinct
 TOP_PYTHON = 5
 
 
-@dataclass(frozen=True, slots=True)
-class RankAnalysis:
+class RankAnalysis(msgspec.Struct, frozen=True):
     report: RankReport
     primary_device: int
     step_numbers: I64

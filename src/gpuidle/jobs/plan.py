@@ -13,26 +13,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from gpuidle.errors import GpuidleError, InputNotFound
 from gpuidle.sources import inputs, tracker
 from gpuidle.sources.formats import find_trace_files
 
 
-@dataclass(frozen=True, slots=True)
-class JobInput:
+class JobInput(msgspec.Struct, frozen=True):
     """One job: what was given for it, and its trace files (none for tracker output)."""
 
     name: str
     paths: list[str]
-    files: list[str] = field(default_factory=list)
+    files: list[str] = msgspec.field(default_factory=list)
     tracker: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class InputPlan:
+class InputPlan(msgspec.Struct, frozen=True):
     jobs: list[JobInput]
     fleet: bool
     """Given folders of jobs: one report per job, and a fleet table."""

@@ -10,7 +10,8 @@ file could not be read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuidle.analysis.summary import RankAnalysis, summarize_rank
 from gpuidle.errors import GpuidleError
@@ -18,8 +19,7 @@ from gpuidle.sources import kineto
 from gpuidle.sources.formats import read_timelines
 
 
-@dataclass(frozen=True, slots=True)
-class RankOutcome:
+class RankOutcome(msgspec.Struct, frozen=True):
     """One rank of one file: its analysis, or the one-line reason there is none."""
 
     path: str

@@ -10,8 +10,9 @@ range-query export of these metrics reads back into the same columns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 MIB = 1 << 20
 GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "modelName", "Hostname")
@@ -21,8 +22,7 @@ JOB_LABELS: tuple[str, ...] = ("job", "rank")
 """Added to every series of an exporter started with ``--job``/``--rank``."""
 
 
-@dataclass(frozen=True, slots=True)
-class Metric:
+class Metric(msgspec.Struct, frozen=True):
     """One metric family: its name, type, labels, meaning, and the model column it carries."""
 
     name: str

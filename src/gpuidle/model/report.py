@@ -5,7 +5,6 @@ Reports carry seconds as floats, as the JSON contract says.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -404,8 +403,7 @@ class AnalysisReport(JsonStruct, kw_only=True):
 # ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceTimeline:
+class DeviceTimeline(msgspec.Struct, frozen=True):
     """One device's idle intervals, by cause, for plots and annotated traces. Times in ns from ``t0_ns``."""
 
     device: int
@@ -428,8 +426,7 @@ class DeviceTimeline:
         return int(self.seg_start.shape[0])
 
 
-@dataclass(frozen=True, slots=True)
-class IdleTimeline:
+class IdleTimeline(msgspec.Struct, frozen=True):
     """The idle intervals of every device of one trace file."""
 
     path: str

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -159,8 +158,7 @@ class MonitorEnd(msgspec.Struct, tag="end", kw_only=True, omit_defaults=True):
 MonitorRecord = MonitorHeader | MonitorSample | MonitorEnd
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceSeries:
+class DeviceSeries(msgspec.Struct, frozen=True):
     """One device's samples in columns: times in seconds from :attr:`UtilSeries.t0`."""
 
     device: int
@@ -182,8 +180,7 @@ class DeviceSeries:
         return int(self.t.shape[0])
 
 
-@dataclass(frozen=True, slots=True)
-class HostSeries:
+class HostSeries(msgspec.Struct, frozen=True):
     t: F64
     cpu_pct: F64
     """Shape ``(samples, cores)``, % busy per core."""
@@ -198,8 +195,7 @@ class HostSeries:
         return int(self.t.shape[0])
 
 
-@dataclass(slots=True)
-class UtilSeries:
+class UtilSeries(msgspec.Struct):
     """Device counters over time, whatever recorded them (gpuidle, nvidia-smi, dmon)."""
 
     devices: list[DeviceSeries]
@@ -216,7 +212,7 @@ class UtilSeries:
     used_devices: list[int] | None = None
     """The GPUs the wrapped command used, when the log says."""
     gpu_unavailable: str | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
 
     def device(self, index: int) -> DeviceSeries | None:
         return next((d for d in self.devices if d.device == index), None)

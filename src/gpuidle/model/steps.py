@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import msgspec
 import numpy as np
 import numpy.typing as npt
@@ -104,8 +102,7 @@ class TrackerEnd(msgspec.Struct, tag="end", kw_only=True, omit_defaults=True):
 TrackerLine = TrackerHeader | TrackerStep | TrackerEnd
 
 
-@dataclass(slots=True)
-class StepSeries:
+class StepSeries(msgspec.Struct):
     """One rank's steps as the tracker measured them: columns of nanoseconds, one row per step."""
 
     rank: int
@@ -134,8 +131,8 @@ class StepSeries:
     batches: I64
     profiled: npt.NDArray[np.bool_]
     comm_hook: str | None = None
-    comm_settings: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    comm_settings: dict[str, str] = msgspec.field(default_factory=dict)
+    notes: list[str] = msgspec.field(default_factory=list)
     sync: I64 | None = None
     """Idle caused by host syncs per step (:attr:`TrackerStep.sync_ns`); None: not measured (PyTorch)."""
     syncs: I64 | None = None

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -90,8 +91,7 @@ class CopyKind(enum.IntEnum):
 HTOD_KINDS = (CopyKind.HTOD_PAGEABLE, CopyKind.HTOD_PINNED, CopyKind.HTOD)
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceOps:
+class DeviceOps(msgspec.Struct, frozen=True):
     """Work that ran on a device: kernels, copies, sets, collectives. One row each."""
 
     start: I64
@@ -111,8 +111,7 @@ class DeviceOps:
         return int(self.start.shape[0])
 
 
-@dataclass(frozen=True, slots=True)
-class HostEvents:
+class HostEvents(msgspec.Struct, frozen=True):
     """Ranges recorded on host threads: operators, runtime calls, annotations."""
 
     start: I64
@@ -128,8 +127,7 @@ class HostEvents:
         return int(self.start.shape[0])
 
 
-@dataclass(frozen=True, slots=True)
-class CollectiveCalls:
+class CollectiveCalls(msgspec.Struct, frozen=True):
     """Host-side collective records (``record_param_comms``, ``nccl:*`` ranges).
 
     ``host_index`` points into :attr:`Timeline.host`; sizes are -1 when the trace
@@ -142,15 +140,14 @@ class CollectiveCalls:
     in_bytes: I64
     out_bytes: I64
     group_size: I32
-    dtype: list[str] = field(default_factory=list)
+    dtype: list[str] = msgspec.field(default_factory=list)
     """Element type per call as the trace spells it (``Float``, ``BFloat16``, ``unsigned char``); "" unknown."""
 
     def __len__(self) -> int:
         return int(self.host_index.shape[0])
 
 
-@dataclass(frozen=True, slots=True)
-class Steps:
+class Steps(msgspec.Struct, frozen=True):
     """Training iterations: ``[start, end)`` per step, in host time."""
 
     number: I64
@@ -163,8 +160,7 @@ class Steps:
         return int(self.number.shape[0])
 
 
-@dataclass(slots=True)
-class TraceMeta:
+class TraceMeta(msgspec.Struct):
     path: str
     format: str
     t0_ns: int
@@ -172,17 +168,17 @@ class TraceMeta:
     rank: int | None = None
     world_size: int | None = None
     backend: str | None = None
-    device_names: dict[int, str] = field(default_factory=dict)
-    device_capability: dict[int, str] = field(default_factory=dict)
+    device_names: dict[int, str] = msgspec.field(default_factory=dict)
+    device_capability: dict[int, str] = msgspec.field(default_factory=dict)
     """Compute capability per device, ``"major.minor"`` (Kineto ``deviceProperties``; gfx9 on ROCm is ``9.x``)."""
-    process_groups: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    process_groups: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
     framework: str | None = None
     """The program's framework where the trace tells (``pytorch``, ``jax``, ``tensorflow``, ``cuda`` for a plain
     CUDA application)."""
-    kernel_arch: dict[int, str] = field(default_factory=dict)
+    kernel_arch: dict[int, str] = msgspec.field(default_factory=dict)
     """Per device, the GPU family its kernel names were built for (``volta``, ``sm90``, ``gfx942``...)."""
-    header_flags: dict[str, Any] = field(default_factory=dict)
+    header_flags: dict[str, Any] = msgspec.field(default_factory=dict)
     """Recording options the trace header states (Kineto ``with_stack``, ``record_shapes``)."""
 
 

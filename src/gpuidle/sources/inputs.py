@@ -19,10 +19,11 @@ import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
 
 from gpuidle.errors import GpuidleError, InputNotFound, RemoteInputError
 
@@ -65,8 +66,7 @@ def display(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteFile:
+class RemoteFile(msgspec.Struct, frozen=True):
     """What identifies a remote input: its URL (credentials removed), size and content hash (ETag)."""
 
     url: str

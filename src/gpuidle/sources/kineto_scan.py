@@ -9,8 +9,7 @@ compiler at install time there is no scanner, and every chunk is decoded that wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -26,8 +25,7 @@ I32 = npt.NDArray[np.int32]
 F64 = npt.NDArray[np.float64]
 
 
-@dataclass(frozen=True)
-class Scanned:
+class Scanned(msgspec.Struct, frozen=True):
     """One chunk's events as columns. String fields are ids into :attr:`strings` (the chunk's own, in order of
     first appearance); ``pid_s``/``tid_s`` are a string pid's or tid's id (-1: an integer, in ``pid``/``tid``);
     missing args read -1, a missing time NaN; ``args_lo:args_hi`` is the args object's text (-1: none)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -64,8 +63,7 @@ def _is_tracker_path(p: Path) -> bool:
     return isinstance(head, TrackerHeader)
 
 
-@dataclass(frozen=True, slots=True)
-class TrackerRun:
+class TrackerRun(msgspec.Struct, frozen=True):
     """What the paths held: the ranks' series, rank 0's summary if found, and files skipped."""
 
     series: list[StepSeries]
