@@ -72,7 +72,7 @@ def _floor(path: str, collect: bool = False) -> tuple[float, float, dict[str, ob
 
 
 def _gpuidle(path: str, extra: list[str], expect: int = 0) -> tuple[float, float, dict[str, object]]:
-    """``gpuidle analyze PATH --json``, through the command line's own entry point.
+    """``gpuidle analyze PATH --json``, through the command's own process entry (:func:`gpuidle.cli.run`).
 
     The modules ``analyze`` loads on first use are imported before the clock starts, as the floor imports
     orjson first (``wall`` still holds both whole processes). Its run is recorded in a fresh ledger of its
@@ -86,15 +86,19 @@ def _gpuidle(path: str, extra: list[str], expect: int = 0) -> tuple[float, float
     atexit.register(shutil.rmtree, ledger_dir, True)
     os.environ["GPUIDLE_LEDGER"] = os.path.join(ledger_dir, "ledger.sqlite")
     t0 = time.perf_counter()
+    import gc
+
+    from gpuidle.cli import COLLECT_EVERY, run
+    gc.set_threshold(COLLECT_EVERY, *gc.get_threshold()[1:])  # as the process entry (run) sets it before it imports
     import gpuidle
     import gpuidle.api
     import gpuidle.cli.analyze
     import gpuidle.ledger  # with the two above: what analyze imports on first use
-    from gpuidle.cli import main
     t1 = time.perf_counter()
     c1 = time.process_time()
     base = _rss_now()
-    rc = main(["analyze", path, "--json", "--out", os.devnull, "--no-progress", *extra])
+    sys.argv = ["gpuidle", "analyze", path, "--json", "--out", os.devnull, "--no-progress", *extra]
+    rc = run()  # the command's own process entry: its collector settings, its objects frozen at the end
     t2 = time.perf_counter()
     if rc != expect:
         raise SystemExit(f"gpuidle analyze exited {rc}, not {expect}")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
+import platform
 import sqlite3
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -375,7 +375,7 @@ class Ledger:
             cur = db.execute(
                 "INSERT INTO runs (kind, created, label, notes, host, report, gpu_model, gpu_count, batch_size, "
                 "git_commit, git_dirty, utilization, step_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (kind, created, label, notes, socket.gethostname(), report, gpu_model, gpu_count, batch_size,
+                (kind, created, label, notes, platform.node(), report, gpu_model, gpu_count, batch_size,
                  commit, None if dirty is None else int(dirty), utilization, step_s),
             )
             run_id = int(cur.lastrowid or 0)
@@ -484,14 +484,16 @@ def git_state(workdir: str | Path | None = None) -> tuple[str | None, bool | Non
     and can collide with the user's own git commands; ``--no-optional-locks`` leaves it alone.
     """
     cwd = str(workdir) if workdir is not None else os.getcwd()
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                              timeout=10, check=False)
-        if head.returncode != 0:
-            return None, None
-        status = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+    try:  # one git process: porcelain v2 heads its changes with the commit (``# branch.oid``)
+        status = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain=v2", "--branch",
+                                 "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, timeout=30,
+                                check=False)
     except (OSError, subprocess.SubprocessError):
         return None, None
-    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
-    return head.stdout.strip() or None, dirty
+    if status.returncode != 0:
+        return None, None
+    lines = status.stdout.splitlines()
+    commit = next((line.removeprefix("# branch.oid ") for line in lines if line.startswith("# branch.oid ")), None)
+    if commit is None or commit == "(initial)":  # no commit yet
+        return None, None
+    return commit, any(not line.startswith("#") for line in lines)
