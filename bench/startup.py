@@ -5,7 +5,7 @@ Each round runs, back to back and each in a fresh process:
 - ``python``: the interpreter alone (``python -c pass``), the cost nobody avoids;
 - ``import``: ``python -c "import gpuidle.cli"``, what every command pays before its work;
 - ``floor``: gunzip + ``orjson.loads`` of the trace, the least a JSON reader does;
-- ``gpuidle``: ``gpuidle analyze TRACE --json --no-ledger``, the whole job;
+- ``gpuidle``: ``gpuidle analyze TRACE --json --no-ledger`` (the installed command), the whole job;
 - ``hta``: HolisticTraceAnalysis load + temporal + idle-time breakdown, when ``bench/.venv-hta`` exists.
 
 Printed: the median wall time of each over the rounds, and the median of the per-round
@@ -35,13 +35,18 @@ HTA = ("import sys, os\nfrom hta.trace_analysis import TraceAnalysis\n"
        "a.get_temporal_breakdown(visualize=False)\na.get_idle_time_breakdown(visualize=False)\n")
 
 
+SCRIPT = Path(sys.executable).with_name("gpuidle")
+GPUIDLE = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "gpuidle"]
+"""The ``gpuidle`` command as installed beside this interpreter (``python -m gpuidle`` adds runpy's 3 ms)."""
+
+
 def commands(trace: Path) -> dict[str, list[str]]:
     py = sys.executable
     out = {
         "python": [py, "-c", "pass"],
         "import": [py, "-c", "import gpuidle.cli"],
         "floor": [py, "-c", FLOOR, str(trace)],
-        "gpuidle": [py, "-m", "gpuidle", "analyze", str(trace), "--json", "--no-ledger"],
+        "gpuidle": [*GPUIDLE, "analyze", str(trace), "--json", "--no-ledger"],
     }
     if HTA_PY.exists():
         out["hta"] = [str(HTA_PY), "-c", HTA, str(trace)]
