@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import pty
 import subprocess
 import sys
@@ -132,4 +133,26 @@ def test_the_process_entry_sets_the_collector_for_a_short_process_and_main_leave
             "    assert run() == 0\n"
             "assert gc.get_threshold() == (COLLECT_EVERY, *before[1:]), gc.get_threshold()\n"
             "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                    reason="the allocator setting is glibc's")
+def test_the_process_entry_keeps_freed_memory_and_main_does_not() -> None:
+    code = ("import io, contextlib, os, sys\n"
+            "from gpuidle.cli import main, run\n"
+            "def rss():\n"
+            "    return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
+            "def kept():\n"
+            "    before = rss()\n"
+            "    block = bytearray(200 << 20)\n"
+            "    del block\n"
+            "    return rss() - before\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main(['analyze', '--json', '--no-ledger', {TRACE!r}]) == 0\n"
+            "assert kept() < 50 << 20, kept()\n"
+            f"sys.argv = ['gpuidle', 'analyze', '--json', '--no-ledger', {TRACE!r}]\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert run() == 0\n"
+            "assert kept() > 150 << 20, kept()\n")
     subprocess.run([sys.executable, "-c", code], check=True)
