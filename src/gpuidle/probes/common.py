@@ -41,14 +41,6 @@ def import_dist() -> ModuleType:
     return dist
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (the affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def ram_bytes() -> tuple[int | None, int | None]:
     """``(total, available)`` physical memory in bytes; None where the OS will not say."""
     total = avail = None

@@ -39,7 +39,8 @@ import msgspec
 
 from gpuidle.errors import GpuidleError
 from gpuidle.model import AnalysisReport
-from gpuidle.probes.common import import_torch, usable_cores
+from gpuidle.model.cores import usable_cores
+from gpuidle.probes.common import import_torch
 from gpuidle.probes.loader_choice import contended, default_workers, next_workers, recommend, snippet, step_rate
 from gpuidle.probes.loader_measure import (
     DEFAULT_PREFETCH,

@@ -61,9 +61,15 @@ def is_collective_kernel(name: str) -> bool:
 
 
 def _to_ns(us: npt.NDArray[np.float64]) -> I64:
-    """µs (float, possibly fractional) to int64 ns without losing large integer parts."""
+    """µs (float, possibly fractional) to int64 ns without losing large integer parts. In place where it can be:
+    a big trace's millions of times would otherwise take eight fresh arrays, not four."""
     whole = np.floor(us)
-    ns: I64 = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
+    frac = np.subtract(us, whole)
+    frac *= 1000.0
+    np.rint(frac, out=frac)
+    ns: I64 = whole.astype(np.int64)
+    ns *= 1000
+    ns += frac.astype(np.int64)
     return ns
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gpuidle.errors import CorruptInput, GpuidleError
+from gpuidle.model.cores import in_worker_process, usable_cores
 from gpuidle.sources.inputs import is_url
 from gpuidle.sources.jsonstream import TraceStream
 from gpuidle.sources.kineto_columns import Columns
@@ -72,12 +73,9 @@ def read_workers(path: str) -> int:
                 return 1
         except OSError:  # missing or unreadable: the stream says so in its own words
             return 1
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if workers > 1:
-        import multiprocessing
-
-        if multiprocessing.parent_process() is not None:  # a worker forking workers of its own could deadlock
-            return 1
+        workers = usable_cores()
+    if workers > 1 and in_worker_process():  # a worker forking workers of its own could deadlock
+        return 1
     return workers
 
 
