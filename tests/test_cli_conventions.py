@@ -156,3 +156,22 @@ def test_the_process_entry_keeps_freed_memory_and_main_does_not() -> None:
             "    assert run() == 0\n"
             "assert kept() > 150 << 20, kept()\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="numpy marks huge pages on Linux only")
+@pytest.mark.parametrize("user_says", [None, "1"])
+def test_the_process_entry_turns_numpys_huge_pages_off_unless_the_user_chose(user_says: str | None) -> None:
+    code = ("import io, contextlib, sys\n"
+            "from numpy._core.multiarray import _set_madvise_hugepage as huge_pages\n"
+            "from gpuidle.cli import main, run\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main(['analyze', '--json', '--no-ledger', {TRACE!r}]) == 0\n"
+            "assert huge_pages(True) is True\n"  # main() leaves numpy as it found it
+            f"sys.argv = ['gpuidle', 'analyze', '--json', '--no-ledger', {TRACE!r}]\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert run() == 0\n"
+            f"assert huge_pages(True) is {user_says is not None}\n")
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    if user_says is not None:
+        env["NUMPY_MADVISE_HUGEPAGE"] = user_says
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

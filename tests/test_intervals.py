@@ -28,7 +28,9 @@ def covered_ns(starts: np.ndarray, ends: np.ndarray) -> set[int]:
 
 @pytest.mark.parametrize("halves", [False, True], ids=["one-piece", "in-halves"])
 @pytest.mark.parametrize("seed", range(200))
-def test_union_and_labels_match_a_nanosecond_reference(seed: int, halves: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_union_and_labels_match_a_nanosecond_reference(
+    seed: int, halves: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     if halves:  # a big labelling's path, on every input: two halves on two threads
         monkeypatch.setattr(iv, "SPLIT_FROM", 0)
         monkeypatch.setattr(iv, "cores_for_one_input", lambda: 2)
