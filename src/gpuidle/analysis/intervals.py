@@ -113,12 +113,11 @@ def label_segments(
 
     Every end point is sorted once, remembering where each one went: an interval then covers the segments
     between its ends' places, counted as +1/-1 steps, with no binary search per interval (millions of host
-    calls on a big trace). Layers are painted last first, so the first covering one is left.
+    calls on a big trace). Layers are painted last first, so the first covering one is left. From
+    :data:`SPLIT_FROM` end points on, the two halves of the window are labelled on two cores.
     """
-    bs, be = base
-    if bs.size == 0:
-        return bs, be, np.zeros(0, dtype=np.int16)
-    if 2 * bs.size + sum(s.size for s, _ in layers) * 2 >= SPLIT_FROM and bs.size > 1 and cores_for_one_input() > 1:
+    points = 2 * (base[0].size + sum(starts.size for starts, _ in layers))
+    if points >= SPLIT_FROM and base[0].size > 1 and cores_for_one_input() > 1:
         return _in_halves(base, layers, extra_points)
     return _labelled(base, layers, extra_points)
 

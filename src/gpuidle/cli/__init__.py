@@ -71,11 +71,12 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's options, from glibc's m
 
 
 def run() -> int:
-    """The ``gpuidle`` process (the command, ``python -m gpuidle``): :func:`main`, with the collector and the
-    allocator set for a short-lived process. At the end every object is frozen (``gc.freeze``): the interpreter's
-    collections on the way out then pass over them, and a command ends 15-20 ms sooner (numpy's objects alone
-    cost 12 ms a collection); the objects are freed as before. Only here, never in :func:`main`, which a
-    longer-lived caller may run, and never through the environment, which ``gpuidle run`` passes to training."""
+    """The ``gpuidle`` process (the command, ``python -m gpuidle``): :func:`main`, with the collector, the
+    allocator and numpy's huge pages set for a short-lived process. At the end every object is frozen
+    (``gc.freeze``): the interpreter's collections on the way out then pass over them, and a command ends
+    15-20 ms sooner (numpy's objects alone cost 12 ms a collection); the objects are freed as before. Only here,
+    never in :func:`main`, which a longer-lived caller may run, and never through the environment, which
+    ``gpuidle run`` passes to training."""
     gc.set_threshold(COLLECT_EVERY, *gc.get_threshold()[1:])
     _keep_freed_memory()
     _numpy_without_huge_pages()
