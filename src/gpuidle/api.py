@@ -284,10 +284,11 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
     """
     tl = _rank_timeline(str(path), rank)
     names = NameClasses.of(tl.strings)
-    window = step_window(tl, names)
+    launchers = launcher_rows(tl)
+    window = step_window(tl, names, launchers)
     bounds = window.bounds
     devices = []
-    for d in attribute_idle(tl, names, window, launcher_rows(tl), straggler):
+    for d in attribute_idle(tl, names, window, launchers, straggler):
         seg_s, seg_e, cause = d.segments
         step_index = np.clip(np.searchsorted(bounds, seg_s, side="right") - 1, 0, bounds.size - 2)
         edges, busy, idle = slice_shares(d.window, (seg_s, seg_e, cause.astype(np.int64)), bins)

@@ -12,6 +12,7 @@ and all_to_all, and 1 for broadcast and reduce.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import msgspec
@@ -49,7 +50,10 @@ SIZE_BUCKETS = [(1 << 10, "<1KiB"), (64 << 10, "1KiB-64KiB"), (1 << 20, "64KiB-1
                 (16 << 20, "1MiB-16MiB"), (256 << 20, "16MiB-256MiB"), (1 << 62, ">=256MiB")]
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_collective(name: str) -> str:
+    """A collective's name in one spelling (``all_reduce``, ``all_gather``...), the name itself where none fits.
+    Cached: a trace names a few collectives and dtypes many thousand times."""
     for pattern, canon in _CANONICAL:
         if pattern.search(name):
             return canon
@@ -67,6 +71,7 @@ def bus_factor(collective: str, n: int) -> float:
     return 1.0
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_dtype(name: str) -> str:
     """``float32``, ``bfloat16``, ``int8``...; ``unknown`` where the name says none."""
     for pattern, canon in _DTYPES:
@@ -129,6 +134,7 @@ def find_collectives(tl: Timeline, window: StepWindow, launchers: I64) -> Collec
                        dtypes)
 
 
+@functools.lru_cache(maxsize=4096)
 def _kernel_op(kernel: str) -> str:
     m = re.search(r"(?:ncclKernel|ncclDevKernel)_([A-Za-z]+)", kernel)
     return m.group(1) if m else kernel

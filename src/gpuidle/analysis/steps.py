@@ -65,7 +65,9 @@ def _outermost(starts: I64, ends: I64, rows: I64) -> I64:
     return r[top]
 
 
-def step_window(tl: Timeline, names: NameClasses) -> StepWindow:
+def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) -> StepWindow:
+    """The steps and the window they span, to the end of the last device work launched inside them;
+    ``launchers``: :func:`~gpuidle.analysis.links.launcher_rows` of ``tl``, where the caller has them."""
     steps = find_steps(tl, names)
     ops = tl.device_ops
     if len(steps) == 0:
@@ -73,7 +75,7 @@ def step_window(tl: Timeline, names: NameClasses) -> StepWindow:
         one = Steps(np.zeros(1, dtype=np.int64), np.array([start]), np.array([end]), "none")
         return StepWindow(one, start, end, "gpu_activity")
     start, host_end = int(steps.start[0]), int(steps.end[-1])
-    launched = launch_times(tl, launcher_rows(tl))
+    launched = launch_times(tl, launcher_rows(tl) if launchers is None else launchers)
     inside = (launched >= start) & (launched < host_end)
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
     kind = "profiler_steps" if steps.source == "profiler_step" else "inferred_steps"

@@ -55,8 +55,8 @@ def _s(ns: float) -> float:
 
 def summarize_rank(tl: Timeline) -> RankAnalysis:
     names = NameClasses.of(tl.strings)
-    window = step_window(tl, names)
     launchers = launcher_rows(tl)
+    window = step_window(tl, names, launchers)
     startup = find_startup(tl, names, window, launchers)
     idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges(tl))
     kernels = kernel_facts(tl, names, window)
