@@ -141,22 +141,34 @@ def _kernel_op(kernel: str) -> str:
 
 
 def _issuing_call(tl: Timeline, launchers: I64, rows: I64) -> I64:
-    """For each collective kernel, the collective call whose host range contains its launch."""
+    """For each collective kernel, the collective call whose host range contains its launch (same thread, ends
+    included); of several, the first that knows its size: ``record_param_comms`` and the ``nccl:*`` range nested
+    in it both contain the launch, and only one of them may carry the sizes.
+
+    All at once: the launches sorted by (thread, time), each call covers a run of them (two binary searches), and
+    each launch keeps the call of least rank in that order among those covering it."""
     calls, host = tl.collectives, tl.host
     out = np.full(rows.size, -1, dtype=np.int64)
-    if len(calls) == 0 or rows.size == 0:
+    launch = launchers[rows]
+    linked = np.flatnonzero(launch >= 0)
+    if len(calls) == 0 or linked.size == 0:
         return out
-    # calls that know their size first: record_param_comms and the nccl:* range nested in it
-    # both contain the launch, and only one of them may carry the sizes
     order = np.argsort(~((calls.in_bytes >= 0) | (calls.out_bytes >= 0)), kind="stable")
     h = calls.host_index[order]
-    c_thread, c_start, c_end = host.thread[h], host.start[h], host.end[h]
-    launch = launchers[rows]
-    for i in np.flatnonzero(launch >= 0):
-        t, th = host.start[launch[i]], host.thread[launch[i]]
-        hit = np.flatnonzero((c_thread == th) & (c_start <= t) & (c_end >= t))
-        if hit.size:
-            out[i] = order[hit[0]]
+    low = int(min(host.start.min(), host.end.min()))
+    span = int(max(host.start.max(), host.end.max())) - low + 1  # threads apart on one axis
+    point = host.thread[launch[linked]].astype(np.int64) * span + (host.start[launch[linked]] - low)
+    by_time = np.argsort(point, kind="stable")
+    point = point[by_time]
+    base = host.thread[h].astype(np.int64) * span - low
+    first = np.searchsorted(point, base + host.start[h], side="left")
+    count = np.maximum(np.searchsorted(point, base + host.end[h], side="right") - first, 0)
+    rank = np.repeat(np.arange(h.size), count)
+    covered = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count - first, count)
+    best = np.full(point.size, h.size, dtype=np.int64)
+    np.minimum.at(best, covered, rank)
+    found = best < h.size
+    out[linked[by_time[found]]] = order[best[found]]
     return out
 
 
