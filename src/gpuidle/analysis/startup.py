@@ -62,27 +62,27 @@ class Startup(msgspec.Struct, frozen=True):
 
 def find_startup(tl: Timeline, names: NameClasses, window: StepWindow, launchers: I64) -> Startup:
     host, strings = tl.host, tl.strings
-    dur = host.end - host.start
-    long = dur >= STARTUP_MIN_NS
-    rt = host.kind == HostKind.RUNTIME
     found: dict[int, tuple[str, str]] = {}
     if not strings:
         return Startup(np.zeros(0, dtype=np.int64), [], [])
-    named = distinct(host.name[long])  # only a long call can be start-up: the others' names go untested
+    long = np.flatnonzero(host.end - host.start >= STARTUP_MIN_NS)  # only a long call can be start-up
+    name = host.name[long]
+    rt = host.kind[long] == HostKind.RUNTIME
+    named = distinct(name)  # the others' names go untested
     classes = {}
     for k, p in (("context", CONTEXT), ("module_load", MODULE), ("allocation", ALLOCATION), ("stream", STREAM),
                  ("compile", COMPILE)):
         classes[k] = np.zeros(len(strings), dtype=bool)
         classes[k][named] = [p.search(strings[i]) is not None for i in named.tolist()]
-    for i in np.flatnonzero(long & rt & classes["context"][host.name]):
+    for i in long[rt & classes["context"][name]]:
         if _first_of_name(host, int(i)):
             found[int(i)] = ("context", strings[host.name[i]])
     for kind in ("module_load", "stream"):
-        for i in np.flatnonzero(long & rt & classes[kind][host.name]):
+        for i in long[rt & classes[kind][name]]:
             found[int(i)] = (kind, strings[host.name[i]])
-    for i in np.flatnonzero(long & classes["compile"][host.name]):
+    for i in long[classes["compile"][name]]:
         found.setdefault(int(i), ("compile", strings[host.name[i]]))
-    _allocations(tl, window, long & rt & classes["allocation"][host.name], found)
+    _allocations(tl, window, long[rt & classes["allocation"][name]], found)
     _first_launches(tl, names, launchers, found)
     rows = np.array(sorted(found, key=lambda r: (int(host.start[r]), r)), dtype=np.int64)
     return Startup(rows, [found[int(r)][0] for r in rows], [found[int(r)][1] for r in rows])
@@ -93,9 +93,9 @@ def _first_of_name(host: HostEvents, i: int) -> bool:
     return bool(host.start[i] <= host.start[same].min())
 
 
-def _allocations(tl: Timeline, window: StepWindow, rows_mask: np.ndarray, found: dict[int, tuple[str, str]]) -> None:
-    """Long allocations are start-up unless one comes in the last step too (the allocator churns every step)."""
-    rows = np.flatnonzero(rows_mask)
+def _allocations(tl: Timeline, window: StepWindow, rows: I64, found: dict[int, tuple[str, str]]) -> None:
+    """Long allocations (``rows``, in the host table's order) are start-up unless one comes in the last step too
+    (the allocator churns every step)."""
     if rows.size == 0:
         return
     bounds = window.bounds
