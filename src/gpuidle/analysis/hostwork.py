@@ -20,43 +20,32 @@ DISPATCH_BUDGET_NS = 100_000
 """Host time an eager operator may take per launch it issues (PyTorch eager: 10-100 µs)."""
 
 
-def runtime_inside(tl: Timeline, candidates: np.ndarray) -> I64:
-    """For each host row among ``candidates``, the summed duration of the runtime calls its own thread made
-    inside its range (the launch and copy calls themselves, measured apart from the operator's own work)."""
+def calls_inside(tl: Timeline, launchers: I64, candidates: np.ndarray) -> tuple[I64, I64]:
+    """For each host row among ``candidates``: how many launches its own thread issued inside its range, and the
+    summed duration of the runtime calls its thread made inside it (the launch and copy calls themselves, measured
+    apart from the operator's own work); zeros elsewhere. One sort of the runtime calls by (thread, start) serves
+    both: a row's calls are a run of them, found by two binary searches, and counted by running sums."""
     host = tl.host
-    out = np.zeros(len(host), dtype=np.int64)
+    launches = np.zeros(len(host), dtype=np.int64)
+    runtime = np.zeros(len(host), dtype=np.int64)
     calls = np.flatnonzero(host.kind == HostKind.RUNTIME)
-    if calls.size == 0 or not candidates.any():
-        return out
+    rows = np.flatnonzero(candidates)
+    if calls.size == 0 or rows.size == 0:
+        return launches, runtime
     span = int(max(host.end.max(), tl.device_ops.end.max())) + 1
     key = host.thread[calls].astype(np.int64) * span + host.start[calls]
     order = np.argsort(key, kind="stable")
-    key, dur = key[order], (host.end - host.start)[calls][order]
-    total = np.concatenate(([0], np.cumsum(dur)))
-    rows = np.flatnonzero(candidates)
+    calls, key = calls[order], key[order]
+    is_launch = np.zeros(len(host), dtype=bool)
+    is_launch[launchers[launchers >= 0]] = True
+    launched = np.concatenate(([0], np.cumsum(is_launch[calls])))
+    spent = np.concatenate(([0], np.cumsum(host.end[calls] - host.start[calls])))
     base = host.thread[rows].astype(np.int64) * span
     first = np.searchsorted(key, base + host.start[rows], side="left")
     past = np.searchsorted(key, base + host.end[rows], side="left")
-    out[rows] = total[past] - total[first]
-    return out
-
-
-def launches_inside(tl: Timeline, launchers: I64, candidates: np.ndarray) -> I64:
-    """For each host row among ``candidates``, how many launches its own thread issued inside its range."""
-    host = tl.host
-    out = np.zeros(len(host), dtype=np.int64)
-    launch_rows = iv.sorted_unique(launchers[launchers >= 0])
-    if launch_rows.size == 0 or not candidates.any():
-        return out
-    span = int(max(host.end.max(), tl.device_ops.end.max())) + 1
-    key = host.thread[launch_rows].astype(np.int64) * span + host.start[launch_rows]
-    key.sort()
-    rows = np.flatnonzero(candidates)
-    base = host.thread[rows].astype(np.int64) * span
-    first = np.searchsorted(key, base + host.start[rows], side="left")
-    past = np.searchsorted(key, base + host.end[rows], side="left")
-    out[rows] = past - first
-    return out
+    launches[rows] = launched[past] - launched[first]
+    runtime[rows] = spent[past] - spent[first]
+    return launches, runtime
 
 
 def self_time(start: I64, end: I64, thread: I32, rows: I64, nested: I64) -> iv.Intervals:

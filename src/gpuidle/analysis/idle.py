@@ -49,7 +49,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
-from gpuidle.analysis.hostwork import DISPATCH_BUDGET_NS, innermost, launches_inside, runtime_inside, self_time
+from gpuidle.analysis.hostwork import DISPATCH_BUDGET_NS, calls_inside, innermost, self_time
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import CAUSES, HTOD_KINDS, I64, Cause, CopyKind, DeviceOpKind, HostKind, Timeline
@@ -179,8 +179,8 @@ def _device_idle(
     loading = (names.data_loading[name] | names.file_read[name]) & ~is_rt
     coll_host = feeding & ~is_rt & ~is_py & names.collective_host[name]
     launch_call = feeding & is_rt & ~sync & ~htod_call & (names.launch_call[name] | names.memcpy_call[name])
-    issued = launches_inside(tl, launchers, is_op & feeding)
-    own_work = host.end - host.start - runtime_inside(tl, (issued > 0))
+    issued, runtime = calls_inside(tl, launchers, is_op & feeding)
+    own_work = host.end - host.start - runtime
     launching = (issued > 0) & (own_work <= issued * DISPATCH_BUDGET_NS)
     heavy = (issued > 0) & ~launching
     plain_op = feeding & is_op & (issued == 0) & ~names.item_op[name] & ~names.collective_host[name]
