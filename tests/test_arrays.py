@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuidle.model.arrays import distinct
+from gpuidle.model.arrays import distinct, gathered
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int16, np.uint8, np.float64, np.float32])
@@ -30,3 +30,20 @@ def test_input_is_not_sorted_in_place() -> None:
     values = np.array([3, 1, 2, 1])
     distinct(values)
     assert values.tolist() == [3, 1, 2, 1]
+
+
+@pytest.mark.parametrize("count", [0, 1, 9, 32])
+def test_gathered_is_one_gather_per_table(count: int) -> None:
+    rng = np.random.default_rng(count)
+    tables = [rng.random(500) < p for p in np.linspace(0.0, 1.0, count)]
+    index = rng.integers(0, 500, 10_000).astype(np.int32)
+    got = gathered(index, *tables)
+    assert len(got) == count
+    for table, column in zip(tables, got, strict=True):
+        assert column.dtype == np.bool_
+        assert np.array_equal(column, table[index])
+
+
+def test_gathered_refuses_more_tables_than_bits() -> None:
+    with pytest.raises(ValueError, match="at most 32"):
+        gathered(np.zeros(3, dtype=np.int64), *[np.ones(2, dtype=bool)] * 33)

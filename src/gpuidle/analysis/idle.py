@@ -53,7 +53,7 @@ from gpuidle.analysis.hostwork import DISPATCH_BUDGET_NS, calls_inside, innermos
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import CAUSES, HTOD_KINDS, I64, Cause, CopyKind, DeviceOpKind, HostKind, Timeline
-from gpuidle.model.arrays import distinct
+from gpuidle.model.arrays import distinct, gathered
 
 CAUSE_INDEX = {c: i for i, c in enumerate(CAUSES)}
 MAX_LAUNCH_LATENCY_NS = 50_000
@@ -164,26 +164,29 @@ def _device_idle(
 
     threads = feeding_threads(tl, launchers, device)
     feeding = np.isin(host.thread, threads)
-    name = host.name
-    is_op = (host.kind == HostKind.OP) & ~names.region[name]
+    (region, memcpy, synchronous_memcpy, sync_name, item, loading_name, collective_name, launch_name,
+     zero_grad_name) = gathered(host.name, names.region, names.memcpy_call, names.synchronous_memcpy, names.sync_call,
+                                names.item_op, names.data_loading | names.file_read, names.collective_host,
+                                names.launch_call | names.memcpy_call, names.zero_grad)
+    is_op = (host.kind == HostKind.OP) & ~region
     is_rt = host.kind == HostKind.RUNTIME
     is_py = host.kind == HostKind.PYTHON
 
     copy_of_call = _copy_kind_of_calls(tl, launchers)
-    htod_call = is_rt & names.memcpy_call[name] & np.isin(copy_of_call, HTOD_KINDS)
-    blocking_copy = is_rt & names.memcpy_call[name] & ~htod_call & (
-        names.synchronous_memcpy[name] | (copy_of_call == CopyKind.DTOH_PAGEABLE)
+    htod_call = is_rt & memcpy & np.isin(copy_of_call, HTOD_KINDS)
+    blocking_copy = is_rt & memcpy & ~htod_call & (
+        synchronous_memcpy | (copy_of_call == CopyKind.DTOH_PAGEABLE)
         | (host.end - host.start > MAX_LAUNCH_LATENCY_NS)
     )
-    sync = feeding & ((is_rt & names.sync_call[name]) | (is_op & names.item_op[name]) | blocking_copy)
-    loading = (names.data_loading[name] | names.file_read[name]) & ~is_rt
-    coll_host = feeding & ~is_rt & ~is_py & names.collective_host[name]
-    launch_call = feeding & is_rt & ~sync & ~htod_call & (names.launch_call[name] | names.memcpy_call[name])
+    sync = feeding & ((is_rt & sync_name) | (is_op & item) | blocking_copy)
+    loading = loading_name & ~is_rt
+    coll_host = feeding & ~is_rt & ~is_py & collective_name
+    launch_call = feeding & is_rt & ~sync & ~htod_call & launch_name
     issued, runtime = calls_inside(tl, launchers, is_op & feeding)
     own_work = host.end - host.start - runtime
     launching = (issued > 0) & (own_work <= issued * DISPATCH_BUDGET_NS)
     heavy = (issued > 0) & ~launching
-    plain_op = feeding & is_op & (issued == 0) & ~names.item_op[name] & ~names.collective_host[name]
+    plain_op = feeding & is_op & (issued == 0) & ~item & ~collective_name
     other_rt = feeding & is_rt & ~sync & ~htod_call & ~launch_call
 
     inflight_launch, inflight_copy = _launches_in_flight(tl, launchers, compute, idle, hi, sync)
@@ -219,7 +222,7 @@ def _device_idle(
     step_all = np.bincount(step_of * k + cause, weights=(seg_e - seg_s), minlength=n_steps * k).reshape(n_steps, k)
     step_idle, step_startup = step_all[:, :STARTUP_LABEL], step_all[:, STARTUP_LABEL]
     launch_seg = cause == CAUSE_INDEX[Cause.LAUNCH_OVERHEAD]
-    zero_grad = iv.union(*rows(feeding & names.zero_grad[name]))
+    zero_grad = iv.union(*rows(feeding & zero_grad_name))
     under_zero_grad = launch_seg & iv.covered(zero_grad, seg_s)
     step_zero_grad = np.bincount(step_of[under_zero_grad], weights=(seg_e - seg_s)[under_zero_grad],
                                  minlength=n_steps)
