@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuidle.model.arrays import distinct, gathered
+from gpuidle.model.arrays import distinct, gathered, runs
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int16, np.uint8, np.float64, np.float32])
@@ -47,3 +47,15 @@ def test_gathered_is_one_gather_per_table(count: int) -> None:
 def test_gathered_refuses_more_tables_than_bits() -> None:
     with pytest.raises(ValueError, match="at most 32"):
         gathered(np.zeros(3, dtype=np.int64), *[np.ones(2, dtype=bool)] * 33)
+
+
+def test_runs_lays_every_run_end_to_end() -> None:
+    rng = np.random.default_rng(7)
+    first = rng.integers(0, 50, 200)
+    count = rng.integers(-3, 6, 200)
+    owner, index = runs(first, count)
+    want = [(i, f + j) for i, (f, c) in enumerate(zip(first.tolist(), count.tolist(), strict=True)) for j in range(c)]
+    assert list(zip(owner.tolist(), index.tolist(), strict=True)) == want
+    empty_owner, empty_index = runs(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    assert empty_owner.size == 0
+    assert empty_index.size == 0

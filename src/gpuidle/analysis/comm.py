@@ -19,9 +19,11 @@ import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.hostwork import thread_axis
 from gpuidle.analysis.idle import DeviceIdle
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import I64, CollectiveStat, CommReport, DeviceOpKind, Timeline
+from gpuidle.model.arrays import runs
 
 _CANONICAL = [
     (re.compile(r"all_?reduce", re.I), "all_reduce"),
@@ -155,16 +157,12 @@ def _issuing_call(tl: Timeline, launchers: I64, rows: I64) -> I64:
         return out
     order = np.argsort(~((calls.in_bytes >= 0) | (calls.out_bytes >= 0)), kind="stable")
     h = calls.host_index[order]
-    low = int(min(host.start.min(), host.end.min()))
-    span = int(max(host.start.max(), host.end.max())) - low + 1  # threads apart on one axis
-    point = host.thread[launch[linked]].astype(np.int64) * span + (host.start[launch[linked]] - low)
+    on_axis = thread_axis(host)
+    point = on_axis(launch[linked], host.start[launch[linked]])
     by_time = np.argsort(point, kind="stable")
     point = point[by_time]
-    base = host.thread[h].astype(np.int64) * span - low
-    first = np.searchsorted(point, base + host.start[h], side="left")
-    count = np.maximum(np.searchsorted(point, base + host.end[h], side="right") - first, 0)
-    rank = np.repeat(np.arange(h.size), count)
-    covered = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count - first, count)
+    first = np.searchsorted(point, on_axis(h, host.start[h]), side="left")
+    rank, covered = runs(first, np.searchsorted(point, on_axis(h, host.end[h]), side="right") - first)
     best = np.full(point.size, h.size, dtype=np.int64)
     np.minimum.at(best, covered, rank)
     found = best < h.size

@@ -10,14 +10,29 @@ nested in it, is ``cpu_compute``, and only its children can be launching.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
-from gpuidle.model import I32, I64, HostKind, Timeline
-from gpuidle.model.arrays import distinct
+from gpuidle.model import I32, I64, HostEvents, HostKind, Timeline
+from gpuidle.model.arrays import distinct, runs
 
 DISPATCH_BUDGET_NS = 100_000
 """Host time an eager operator may take per launch it issues (PyTorch eager: 10-100 µs)."""
+
+
+def thread_axis(host: HostEvents) -> Callable[[I64, I64], I64]:
+    """Host times on one axis, thread after thread: ``(rows, times)`` -> ``thread * span + (time - low)``, so that
+    one sort orders rows by thread, then time, and one binary search finds a time among one thread's rows."""
+    low = int(min(host.start.min(), host.end.min(), 0))
+    span = int(max(host.start.max(), host.end.max())) - low + 1
+
+    def on_axis(rows: I64, times: I64) -> I64:
+        key: I64 = host.thread[rows].astype(np.int64) * span + (times - low)
+        return key
+
+    return on_axis
 
 
 def calls_inside(tl: Timeline, launchers: I64, candidates: np.ndarray) -> tuple[I64, I64]:
@@ -32,17 +47,16 @@ def calls_inside(tl: Timeline, launchers: I64, candidates: np.ndarray) -> tuple[
     rows = np.flatnonzero(candidates)
     if calls.size == 0 or rows.size == 0:
         return launches, runtime
-    span = int(max(host.end.max(), tl.device_ops.end.max())) + 1
-    key = host.thread[calls].astype(np.int64) * span + host.start[calls]
+    on_axis = thread_axis(host)
+    key = on_axis(calls, host.start[calls])
     order = np.argsort(key, kind="stable")
     calls, key = calls[order], key[order]
     is_launch = np.zeros(len(host), dtype=bool)
     is_launch[launchers[launchers >= 0]] = True
     launched = np.concatenate(([0], np.cumsum(is_launch[calls])))
     spent = np.concatenate(([0], np.cumsum(host.end[calls] - host.start[calls])))
-    base = host.thread[rows].astype(np.int64) * span
-    first = np.searchsorted(key, base + host.start[rows], side="left")
-    past = np.searchsorted(key, base + host.end[rows], side="left")
+    first = np.searchsorted(key, on_axis(rows, host.start[rows]), side="left")
+    past = np.searchsorted(key, on_axis(rows, host.end[rows]), side="left")
     launches[rows] = launched[past] - launched[first]
     runtime[rows] = spent[past] - spent[first]
     return launches, runtime
@@ -82,8 +96,8 @@ def _gaps(start: I64, end: I64, inner: I64, rows: I64, width: int) -> iv.Interva
     i_start = start[inner]
     first = np.searchsorted(i_start, lo, side="left")
     count = np.searchsorted(i_start, hi, side="left") - first
-    lane = np.repeat(np.arange(rows.size), count)
-    child = inner[np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count - first, count)]
+    lane, at = runs(first, count)
+    child = inner[at]
     inside = (end[child] <= hi[lane]) & (child != rows[lane])
     lane, child = lane[inside], child[inside]
     shift = np.arange(rows.size, dtype=np.int64) * width - lo

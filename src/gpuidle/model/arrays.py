@@ -36,3 +36,13 @@ def gathered(index: npt.NDArray[np.integer], *tables: npt.NDArray[np.bool_]) -> 
         packed |= table.astype(np.uint32) << np.uint32(bit)
     rows = packed[index]
     return [(rows & np.uint32(1 << bit)) != 0 for bit in range(len(tables))]
+
+
+def runs(first: npt.NDArray[np.integer], count: npt.NDArray[np.integer]) -> tuple[np.ndarray, np.ndarray]:
+    """Every run ``first[i] .. first[i] + count[i] - 1`` laid end to end: ``(owner, index)``, ``owner`` saying
+    which run each index is of (a negative count is an empty run). For matching ranges to the sorted items they
+    cover without a Python loop per range."""
+    count = np.maximum(count, 0)
+    owner = np.repeat(np.arange(count.size), count)
+    index = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count - first, count)
+    return owner, index
