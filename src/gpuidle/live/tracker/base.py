@@ -131,7 +131,7 @@ class TrackerBase:
         me = self.rank if world > 1 else 0
         mine = everyone[me]
         keep = ~np.isnan(mine[:, 0])
-        self._file.write([layout.line(r, int(w)) for r, w in zip(mine[keep], wait[me][keep], strict=True)])
+        self._file.write(layout.lines(mine[keep], wait[me][keep]))
         self._sent += count
         if self.rank == 0:
             block = np.concatenate([everyone, wait[:, :, None].astype(np.float64)], axis=2)
@@ -177,7 +177,7 @@ class TrackerBase:
         layout = self._rows_layout
         rows = np.array(self._rows, dtype=np.float64).reshape(len(self._rows), layout.width)
         self._rows.clear()
-        self._file.write([layout.line(r, 0) for r in rows])
+        self._file.write(layout.lines(rows))
         if self._metrics is not None:
             self._metrics.close()
         self._finish([f"closed by {why}: steps after the last exchange have no straggler split"])

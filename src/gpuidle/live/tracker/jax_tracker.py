@@ -42,6 +42,7 @@ import jax
 import numpy as np
 
 from gpuidle.errors import GpuidleError
+from gpuidle.model import TRACKER_OTHER
 
 from .base import TrackerBase
 from .exchange import Gather
@@ -102,7 +103,16 @@ class HostStep:
 
 def overlap(a: int, b: int, spans: Iterable[tuple[int, int]]) -> int:
     """Time of ``[a, b]`` covered by ``spans`` (the loop's spans do not overlap each other)."""
-    return sum(max(0, min(b, e) - max(a, s)) for s, e in spans)
+    covered = 0
+    for s, e in spans:
+        if e > a and s < b:
+            covered += min(b, e) - max(a, s)
+    return covered
+
+
+def holds(t: int, spans: Iterable[tuple[int, int]]) -> bool:
+    """Whether instant ``t`` lies in one of ``spans`` (ends included)."""
+    return any(s <= t <= e for s, e in spans)
 
 
 class JaxPhase:
@@ -218,8 +228,10 @@ class StepTracker(TrackerBase):
             if self._syncs is not None:
                 self._syncs.uninstall()
             raise
-        self._busy_col = self._rows_layout.device_col[compute[0]] \
-            if compute[0] in self._rows_layout.device_col else self._rows_layout.device_col["other"]
+        layout = self._rows_layout
+        self._busy_col = layout.device_col.get(compute[0], layout.device_col[TRACKER_OTHER])
+        self._host_cols, self._other_col = layout.host_col, layout.host_col[TRACKER_OTHER]
+        self._tail_cols = tuple(layout.col[c] for c in ("samples", "batches", "sync", "syncs"))
         self._watcher.start()
 
     # -- the loop ------------------------------------------------------------------
@@ -345,41 +357,45 @@ class StepTracker(TrackerBase):
             self._resolve(rec)
 
     def _resolve(self, rec: HostStep) -> None:
-        """The step's row: the device's busy from its start to its end, the idle before it by what the host did."""
+        """The step's row: the device's busy from its start to its end, the idle before it by what the host did.
+
+        Runs once a step on the loop's thread: plain loops over the few spans, no lists made."""
         done = rec.done()
         assert done is not None
-        prev_done = self._last_done if self._last_done is not None else min(
-            [rec.floor or rec.end, *(a for a, _ in rec.data)])
+        last, data_spans, sync_spans = self._last, rec.data, rec.syncs
+        prev_done = self._last_done
+        if prev_done is None:
+            prev_done = rec.floor or rec.end
+            for a, _ in data_spans:
+                prev_done = min(prev_done, a)
         start = max(prev_done, rec.floor or prev_done)
         done = max(done, start)
-        dispatch = rec.dispatch if rec.dispatch is not None else rec.data[-1][1] if rec.data else rec.end
+        dispatch = rec.dispatch if rec.dispatch is not None else data_spans[-1][1] if data_spans else rec.end
         # the device starts once the previous step is done and this one's work is queued: by the first phase's
         # return, or by a sync inside that phase (which waits for queued work)
-        queued = min([rec.launched if rec.launched is not None else dispatch,
-                      *(a for a, _ in rec.syncs if a >= dispatch)])
+        queued = rec.launched if rec.launched is not None else dispatch
+        for a, _ in sync_spans:
+            if dispatch <= a < queued:
+                queued = a
         begin = min(max(start, queued), done)
-        waits = [*self._last.data, *rec.data]
-        syncs = [*self._last.syncs, *rec.syncs]
-        data, sync = overlap(start, begin, waits), overlap(start, begin, syncs)
+        data = overlap(start, begin, last.data) + overlap(start, begin, data_spans)
+        sync = overlap(start, begin, last.syncs) + overlap(start, begin, sync_spans)
         # the host was blocked (in the loader or a sync) when the device ran dry: without the block its own work
         # (the dispatch after it) would have come that much earlier, so the idle up to the time it was blocked
         # since the previous step began is the block's; the idle beyond is the host's own work
         since = self._last_begin if self._last_begin is not None else start
-        if any(a <= prev_done <= e for a, e in waits):
-            data = min(begin - start - sync, overlap(since, begin, waits))
-        elif any(a <= prev_done <= e for a, e in syncs):
-            sync = min(begin - start - data, overlap(since, begin, syncs))
-        layout = self._rows_layout
-        row = [0.0] * layout.width
+        if holds(prev_done, last.data) or holds(prev_done, data_spans):
+            data = min(begin - start - sync, overlap(since, begin, last.data) + overlap(since, begin, data_spans))
+        elif holds(prev_done, last.syncs) or holds(prev_done, sync_spans):
+            sync = min(begin - start - data, overlap(since, begin, last.syncs) + overlap(since, begin, sync_spans))
+        row = [0.0] * self._rows_layout.width
         row[0], row[1], row[2], row[3] = rec.index, start - self._t0, done - start, data
-        cols, other = layout.host_col, layout.host_col["other"]
+        cols, other = self._host_cols, self._other_col
         for name, ns in rec.host.items():
             row[cols.get(name, other)] += ns
         row[self._busy_col] = done - begin
-        tail = dict(zip(("samples", "batches", "sync", "syncs"), layout.tail[4:5] + layout.tail[5:6]
-                        + layout.tail[7:9], strict=True))
-        row[tail["samples"]], row[tail["batches"]] = rec.samples, rec.batches
-        row[tail["sync"]], row[tail["syncs"]] = sync, len(rec.syncs)
+        samples, batches, sync_col, syncs_col = self._tail_cols
+        row[samples], row[batches], row[sync_col], row[syncs_col] = rec.samples, rec.batches, sync, len(sync_spans)
         self._rows.append(row)
         rec.leaf = None
         self._last, self._last_done, self._last_begin = rec, done, begin
