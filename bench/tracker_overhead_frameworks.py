@@ -3,10 +3,10 @@
     python bench/tracker_overhead_frameworks.py                     # JAX, then Keras
     python bench/tracker_overhead_frameworks.py --only jax --rounds 20 --block 30
     python bench/tracker_overhead_frameworks.py --only jax --dim 4096               # on a GPU
+    python bench/tracker_overhead_frameworks.py --only jax --dim 64 --wait-ms 10    # a GPU-like 10 ms on the CPU
     python bench/tracker_overhead_frameworks.py --only keras --dim 8192 --block 60  # steps of ~10 ms
     python bench/tracker_overhead_frameworks.py --only keras --dim 64 --wait-ms 10     # a GPU-like 10 ms wait a step
     python bench/tracker_overhead_frameworks.py --only keras-jax --dim 64 --wait-ms 10 # Keras on its JAX backend
-    python bench/tracker_overhead_frameworks.py --only keras-jax --dim 64 --wait-ms 10 --switch-interval 0.0001
 
 Arms: A and A' (plain, identical: their difference is the noise floor) and B (tracked), run in
 blocks of ``--block`` steps, each round in another of the six orders of the arms, in one process on the same model and
@@ -23,7 +23,9 @@ summary at the end), whose difference shrinks as ``--block`` grows. Keras on its
 (``--only keras-jax``, alone in its process) is timed from the first train call to the epoch's end:
 its host dispatches ahead of the device. ``--wait-ms`` adds a fixed wait inside the compiled step (a sleep the CPU
 does not spend), as the host waits for a GPU: the tracker's cost against a step of known length
-that its own work does not compete with.
+that its own work does not compete with. On JAX (and Keras on JAX) the wait is an XLA call that sleeps
+without the interpreter's lock (``device_sleep.py``), so the host dispatches ahead of it as of a GPU; on
+Keras's TensorFlow backend it is a ``tf.py_function``, which takes that lock to run.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+
+from device_sleep import device_wait_fn
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -75,17 +79,23 @@ def report(framework: str, times: dict[str, list[float]]) -> None:
           f"B/A {median_diff(a, b) * 100:+.2f} %   A'/A {median_diff(a, a2) * 100:+.2f} %")
 
 
-def jax_arms(block: int, out: str, dim: int) -> dict[str, Callable[[], float]]:
+def jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0) -> dict[str, Callable[[], float]]:
+    """``wait_ms``: the step also waits this long on the device (:mod:`device_sleep`: the CPU and the interpreter's
+    lock free meanwhile, as for a GPU kernel), after its matmuls."""
     import jax
     import jax.numpy as jnp
 
     from gpuidle.jax import StepTracker
+
+    device_wait = device_wait_fn() if wait_ms else None
 
     @jax.jit
     def step(w: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         h = x
         for _ in range(4):
             h = jnp.tanh(h @ w)
+        if device_wait is not None:
+            h = device_wait(h, wait_ms)
         return w - 1e-4 * h.mean(), h.sum()
 
     state = {"w": jnp.full((dim, dim), 0.01)}
@@ -173,23 +183,20 @@ def keras_arms(block: int, out: str, dim: int, wait_ms: float = 0.0,
 def keras_jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0) -> dict[str, Callable[[], float]]:
     """Keras on the JAX backend (this process's Keras must be on it): each arm one ``fit`` of ``block`` steps on
     arrays in memory, timed from its first train call to the epoch's end, when Keras has read the last logs (the
-    host dispatches ahead of the device: the time between two calls is not the step's). ``wait_ms``: a
-    ``jax.pure_callback`` that sleeps inside the jitted step, as a GPU kernel of known length."""
+    host dispatches ahead of the device: the time between two calls is not the step's). ``wait_ms``: a wait on the
+    device inside the jitted step (:mod:`device_sleep`), as a GPU kernel of known length."""
     import jax
     import keras
     import numpy as np
 
     from gpuidle.keras import GpuidleCallback
 
+    device_wait = device_wait_fn() if wait_ms else None
+
     class DeviceWait(keras.layers.Layer):  # type: ignore[misc]
         def call(self, x: jax.Array) -> jax.Array:
-            def wait(t: np.ndarray) -> np.ndarray:
-                time.sleep(wait_ms / 1e3)
-                return t
-
-            shape = jax.ShapeDtypeStruct(x.shape, x.dtype)  # type: ignore[no-untyped-call]
-            out: jax.Array = jax.pure_callback(wait, shape, x)
-            return out
+            assert device_wait is not None
+            return device_wait(x, wait_ms)
 
     xs = np.random.default_rng(0).random((128 * block, 64), dtype=np.float32)
     waits = [DeviceWait()] if wait_ms else []
@@ -230,10 +237,11 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=512,
                    help="the model's width (JAX: 4096 gives ms-long steps on a GPU; Keras: 8192, ~10 ms CPU steps)")
     p.add_argument("--switch-interval", type=float, default=None, metavar="S",
-                   help="the interpreter's switch interval (sys.setswitchinterval; 0.005 by default): keras-jax's "
-                        "--wait-ms callback needs the interpreter lock, which a busy loop holds up to this long")
+                   help="the interpreter's switch interval (sys.setswitchinterval; 0.005 by default): keras's "
+                        "--wait-ms (a tf.py_function) needs the interpreter lock, which a busy loop holds up to this "
+                        "long")
     p.add_argument("--wait-ms", type=float, default=0.0,
-                   help="Keras: each step also waits this long inside the train function, the CPU free (as for a GPU)")
+                   help="each step also waits this long inside its compiled function, the CPU free (as for a GPU)")
     args = p.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
@@ -241,7 +249,7 @@ def main() -> None:
         os.environ["KERAS_BACKEND"] = "jax"
     with tempfile.TemporaryDirectory() as out:
         if args.only in (None, "jax"):
-            report("jax", ab(jax_arms(args.block, os.path.join(out, "jax"), args.dim), args.rounds))
+            report("jax", ab(jax_arms(args.block, os.path.join(out, "jax"), args.dim, args.wait_ms), args.rounds))
         if args.only in (None, "keras"):
             arms, fits = keras_arms(args.block, os.path.join(out, "keras"), args.dim, args.wait_ms)
             report("keras per step", ab(arms, args.rounds))

@@ -195,6 +195,43 @@ def test_overlap_of_a_gap_with_the_loops_spans() -> None:
     assert overlap(10, 10, [(0, 30)]) == 0
 
 
+class Leaf:
+    """A step's output as the tracker sees it: complete or not."""
+
+    def __init__(self, ready: bool) -> None:
+        self.ready = ready
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+
+def test_completions_reported_in_turn_are_never_early(tmp_path: Path) -> None:
+    """A caller's thread says a step is complete (Keras's, having read its logs): the oldest step not yet said so is
+    stamped, unless its output is not complete (the reports and the steps out of step): never a stamp before the
+    device finished. From the first report on, the watcher is handed no more steps; switched off, it times them."""
+    clock = iter(range(100, 10 ** 6, 100))
+    tracker = StepTracker(tmp_path, ledger=False, log=lambda line: None, watch_syncs=False, clock=lambda: next(clock))
+    tracker.report_completions(True)
+    assert tracker._watching
+    assert tracker._in_order is not None
+    waiting, done, host_only = HostStep(leaf=Leaf(False)), HostStep(leaf=Leaf(True)), HostStep(leaf=None)
+    tracker._in_order.extend([waiting, done, host_only])
+    tracker.completed()
+    assert waiting.stamp is None
+    assert not tracker._watching
+    tracker.completed()
+    tracker.completed()
+    assert done.stamp is not None
+    assert host_only.stamp is not None
+    assert done.stamp < host_only.stamp
+    tracker.completed()  # more reports than steps: nothing to stamp
+    tracker.report_completions(False)
+    assert tracker._watching
+    assert tracker._in_order is None
+    tracker.completed()
+    tracker.close()
+
+
 def test_never_raises_inside_the_loop(tmp_path: Path) -> None:
     lines: list[str] = []
     t = StepTracker(tmp_path, ledger=False, log=lines.append)

@@ -36,7 +36,7 @@ def run_fit(out: Path, mode: str, rank: int = 0, world: int = 1, steps: int = 40
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[AnalysisReport, dict[str, float]]]:
     base = tmp_path_factory.mktemp("keras_jax")
     out = {}
-    for mode in ("data", "fast", "k4"):
+    for mode in ("data", "fast", "k4", "synced"):
         truth = run_fit(base / mode, mode)
         out[mode] = (analyze_tracker([base / mode]), truth)
     return out
@@ -47,8 +47,14 @@ def steady(report: AnalysisReport) -> list[StepReport]:
     return [s for s in report.ranks[0].steps if s.excluded is None]
 
 
-def test_a_slow_input_is_data_loading_as_the_devices_idle(runs: dict[str, tuple[AnalysisReport, dict]]) -> None:
-    report, truth = runs["data"]
+@pytest.mark.parametrize("mode", ["data", "synced"])
+def test_a_slow_input_is_data_loading_as_the_devices_idle(runs: dict[str, tuple[AnalysisReport, dict]],
+                                                          mode: str) -> None:
+    """Keras reads the logs on a thread of its own (``data``: that thread stamps the steps' completions) or, with a
+    callback that reads every batch's loss and is not ``async_safe``, on the loop's (``synced``: the watcher
+    thread stamps them); the same idle either way."""
+    report, truth = runs[mode]
+    assert truth["stamped_by"] == ("keras" if mode == "data" and truth["keras_reads_apart"] else "watcher")
     assert report.source.framework == "keras"
     assert truth["tracked"] == truth["calls"] == len(report.ranks[0].steps)  # every train call, one step
     steps = steady(report)

@@ -202,6 +202,10 @@ class StepTracker(TrackerBase):
         self._host_only = 0
         self._off = False
         self._queue: queue.SimpleQueue[HostStep | None] = queue.SimpleQueue()
+        self._watching = True
+        """Steps whose outputs are not complete at their end are handed to the watcher thread."""
+        self._in_order: deque[HostStep] | None = None
+        """Steps whose completion the caller reports in turn (:meth:`completed`); None: it reports none."""
         self._watcher = threading.Thread(target=self._watch, name="gpuidle-jax-watcher", daemon=True)
         self._syncs: SyncWatch | None = None
         if watch_syncs:
@@ -312,13 +316,45 @@ class StepTracker(TrackerBase):
             rec.seen = max((e for a, e in rec.syncs if a >= dispatch), default=now)
         else:
             rec.leaf = leaf
-            self._queue.put(rec)
+            if self._watching:
+                self._queue.put(rec)
+        in_order = self._in_order
+        if in_order is not None:
+            in_order.append(rec)
         self._look(now)
         self._drain(0)
         if self._step % self._every == 0:
             self._exchange(final=False, count=self._ready(self._step - self._lag))
 
     # -- the device's side -----------------------------------------------------------
+
+    def report_completions(self, on: bool) -> None:
+        """``on``: a thread of the caller's own waits for each step's outputs in turn and says so (:meth:`completed`);
+        from its first word on, the watcher thread is handed no more steps. Off: the watcher times them all.
+
+        Keras's callback thread reads every step's logs from the device anyway: stamping there spares the watcher's
+        wake-up (and its turn at the interpreter's lock) every step."""
+        self._in_order = deque() if on else None
+        self._watching = True
+
+    def completed(self) -> None:
+        """The oldest step not yet said to be complete is complete by now (called from the caller's own thread).
+
+        Never early: a step whose outputs are not complete yet is left to the loop's looks and the exchange."""
+        in_order = self._in_order
+        if in_order is None:
+            return
+        self._watching = False
+        try:
+            rec = in_order.popleft()
+        except IndexError:
+            return
+        try:
+            leaf = rec.leaf
+            if leaf is None or leaf.is_ready():
+                rec.stamp = self._clock()
+        except Exception:  # on another thread than the loop's: the watcher times the steps again
+            self._in_order, self._watching = None, True
 
     def _watch(self) -> None:
         """The watcher thread: wait for each step's output in turn, stamp its completion."""

@@ -10,10 +10,13 @@ when its work was queued), and the logs it returns (device arrays) end the step:
 watcher thread stamps their completion. A wait for data overlaps the previous step's device
 work; only the device's idle is reported.
 
-Keras reads every step's logs to the host when a callback reads them per batch and is not
-marked ``async_safe`` (the progress bar of ``verbose=1`` is one): that read waits for the
-device, and the JAX tracker times it as a host sync. This callback reads nothing per batch, so
-it leaves Keras's choice as it was.
+Keras reads every step's logs to the host, on a thread of its own (or, when a callback that reads
+them per batch is not marked ``async_safe``, as the progress bar of ``verbose=1`` is not, on the
+loop's: a wait for the device that the JAX tracker times as a host sync). The callback is marked
+``async_safe`` and, where Keras honours that mark, hears each step's logs once they are read: on
+Keras's own thread that is the step's completion, stamped there instead of by the watcher thread
+(which spares it a wake-up a step); where Keras reads them on the loop, the watcher times the steps.
+Keras's choice is left as it was.
 
 With ``steps_per_execution = k`` one call fetches and dispatches ``k`` batches and returns the
 logs of its last: one step of the log is one call; the data waits after its first dispatch
@@ -23,7 +26,9 @@ bound (a note says so).
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -86,12 +91,32 @@ class _TimedFeed:
             self._open = None
 
 
+@functools.cache
+def keras_reads_logs_apart() -> bool:
+    """Whether this Keras still reads the logs on a thread of its own for a callback marked ``async_safe`` that hears
+    every batch's end (Keras 3 from about 3.8 on). Asked of Keras itself: on one that ignores the mark, a callback
+    that hears batch ends would make every step wait for its logs on the loop."""
+    class Probe(keras.callbacks.Callback):  # type: ignore[misc]
+        async_safe = True
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            pass
+
+    try:
+        return getattr(keras.callbacks.CallbackList([Probe()]), "_async_train", False) is True
+    except Exception:  # an unknown Keras: the watcher thread times the steps
+        return False
+
+
 class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras is untyped
     """``model.fit(x, callbacks=[callback])`` on the JAX backend: every step's data wait, host syncs and device time.
 
     Parameters as for the TensorFlow backend's callback; ranks default to ``jax.process_index()`` and
     ``jax.process_count()``.
     """
+
+    async_safe = True
+    """Keras may call this callback's batch ends on its own thread (it reads the step's logs there)."""
 
     def __init__(
         self,
@@ -123,6 +148,10 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
         self._log = self._tracker._log
         self._original: Callable[..., Any] | None = None
         self._new_pass = True
+        self._loop_thread: int | None = None
+        self._hears_logs = keras_reads_logs_apart()
+        if self._hears_logs:  # else Keras's default batch end, which leaves Keras's dispatch as it was
+            self.on_train_batch_end = self._logs_read
 
     @property
     def report(self) -> AnalysisReport | None:
@@ -180,9 +209,23 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
         self._original = function
         model.train_function = self._timed(function)
         _FITTING.add(self._tracker)
+        self._loop_thread = threading.get_ident()
+        self._tracker.report_completions(self._hears_logs)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._new_pass = True  # what ran between epochs (evaluation) is no step's idle
+
+    def _logs_read(self, batch: int, logs: Any = None) -> None:
+        """Keras read a step's logs from the device: on a thread of its own, the oldest step not yet stamped is
+        complete by now; on the loop's (a callback that reads the logs per batch is not ``async_safe``), the
+        watcher thread times the steps."""
+        if self._loop_thread is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._loop_thread = None
+            self._tracker.report_completions(False)
+        else:
+            self._tracker.completed()
 
     def on_train_end(self, logs: Any = None) -> None:
         if self._original is None:
