@@ -7,6 +7,7 @@
     python bench/tracker_overhead_frameworks.py --only keras --dim 8192 --block 60  # steps of ~10 ms
     python bench/tracker_overhead_frameworks.py --only keras --dim 64 --wait-ms 10     # a GPU-like 10 ms wait a step
     python bench/tracker_overhead_frameworks.py --only keras-jax --dim 64 --wait-ms 10 # Keras on its JAX backend
+    python bench/tracker_overhead_frameworks.py --only keras-jax --dim 64 --wait-ms 10 --held
 
 Arms: A and A' (plain, identical: their difference is the noise floor) and B (tracked), run in
 blocks of ``--block`` steps, each round in another of the six orders of the arms, in one process on the same model and
@@ -79,9 +80,11 @@ def report(framework: str, times: dict[str, list[float]]) -> None:
           f"B/A {median_diff(a, b) * 100:+.2f} %   A'/A {median_diff(a, a2) * 100:+.2f} %")
 
 
-def jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0) -> dict[str, Callable[[], float]]:
+def jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0, held: bool = False,
+             ) -> dict[str, Callable[[], float]]:
     """``wait_ms``: the step also waits this long on the device (:mod:`device_sleep`: the CPU and the interpreter's
-    lock free meanwhile, as for a GPU kernel), after its matmuls."""
+    lock free meanwhile, as for a GPU kernel), after its matmuls. ``held``: the plain arms wait every 50 steps for
+    the step two back, as the tracker's exchange does (see :func:`keras_jax_arms`)."""
     import jax
     import jax.numpy as jnp
 
@@ -106,8 +109,13 @@ def jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0) -> dict[str, 
 
     def plain() -> float:
         w, t0 = state["w"], time.perf_counter()
-        for batch in (x for _ in range(block)):
+        losses = []
+        for i, batch in enumerate(x for _ in range(block)):
             w, loss = step(w, batch)
+            if held:
+                losses.append(loss)
+                if (i + 1) % 50 == 0 and i >= 2:
+                    losses[-3].block_until_ready()
         loss.block_until_ready()
         state["w"] = w
         return (time.perf_counter() - t0) / block
@@ -180,11 +188,15 @@ def keras_arms(block: int, out: str, dim: int, wait_ms: float = 0.0,
     return {"A": lambda: timed("A", ds, []), "A'": lambda: timed("A'", ds, []), "B": tracked}, fits
 
 
-def keras_jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0) -> dict[str, Callable[[], float]]:
+def keras_jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0,
+                   held: bool = False) -> dict[str, Callable[[], float]]:
     """Keras on the JAX backend (this process's Keras must be on it): each arm one ``fit`` of ``block`` steps on
     arrays in memory, timed from its first train call to the epoch's end, when Keras has read the last logs (the
     host dispatches ahead of the device: the time between two calls is not the step's). ``wait_ms``: a wait on the
-    device inside the jitted step (:mod:`device_sleep`), as a GPU kernel of known length."""
+    device inside the jitted step (:mod:`device_sleep`), as a GPU kernel of known length. ``held``: the plain arms'
+    host is held as close to the device as the tracker's exchange holds it (every ``every`` calls it waits for the
+    step two calls back), so that B against A is the tracker's cost alone, not that of a host queueing the whole
+    epoch ahead."""
     import jax
     import keras
     import numpy as np
@@ -216,16 +228,38 @@ def keras_jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0) -> dict
         def on_epoch_end(self, epoch: int, logs: object = None) -> None:
             self.t1 = time.perf_counter()
 
+    every = min(50, max(1, block // 3))
+
+    class Held(keras.callbacks.Callback):  # type: ignore[misc]
+        """Every ``every`` train calls, wait for the logs of the call two back, as the tracker's exchange does."""
+
+        def on_train_begin(self, logs: object = None) -> None:
+            function, outs = self.model.train_function, []
+
+            def train_function(state: object, iterator: object) -> object:
+                out = function(state, iterator)
+                outs.append(out[0])
+                if len(outs) % every == 0 and len(outs) > 2:
+                    jax.block_until_ready(outs[-3])
+                return out
+
+            self.function, self.model.train_function = function, train_function
+
+        def on_train_end(self, logs: object = None) -> None:
+            self.model.train_function = self.function
+
     def timed(callbacks: list[keras.callbacks.Callback]) -> float:
         span = Span()
         model.fit(xs, xs[:, :1], batch_size=128, epochs=1, verbose=0, shuffle=False, callbacks=[*callbacks, span])
         return (span.t1 - span.t0) / block
 
     def tracked() -> float:
-        return timed([GpuidleCallback(out, every=min(50, max(1, block // 3)), log_every=None, ledger=False,
-                                      log=lambda line: None)])
+        return timed([GpuidleCallback(out, every=every, log_every=None, ledger=False, log=lambda line: None)])
 
-    return {"A": lambda: timed([]), "A'": lambda: timed([]), "B": tracked}
+    def plain() -> float:
+        return timed([Held()] if held else [])
+
+    return {"A": plain, "A'": plain, "B": tracked}
 
 
 def main() -> None:
@@ -240,6 +274,9 @@ def main() -> None:
                    help="the interpreter's switch interval (sys.setswitchinterval; 0.005 by default): keras's "
                         "--wait-ms (a tf.py_function) needs the interpreter lock, which a busy loop holds up to this "
                         "long")
+    p.add_argument("--held", action="store_true",
+                   help="jax, keras-jax: the plain arms' host held as close to the device as the tracker's exchange "
+                        "holds it (every `every` steps, a wait for the step two back)")
     p.add_argument("--wait-ms", type=float, default=0.0,
                    help="each step also waits this long inside its compiled function, the CPU free (as for a GPU)")
     args = p.parse_args()
@@ -249,14 +286,15 @@ def main() -> None:
         os.environ["KERAS_BACKEND"] = "jax"
     with tempfile.TemporaryDirectory() as out:
         if args.only in (None, "jax"):
-            report("jax", ab(jax_arms(args.block, os.path.join(out, "jax"), args.dim, args.wait_ms), args.rounds))
+            report("jax", ab(jax_arms(args.block, os.path.join(out, "jax"), args.dim, args.wait_ms, args.held),
+                             args.rounds))
         if args.only in (None, "keras"):
             arms, fits = keras_arms(args.block, os.path.join(out, "keras"), args.dim, args.wait_ms)
             report("keras per step", ab(arms, args.rounds))
             report("keras whole fit", fits)
         if args.only == "keras-jax":
             report("keras on jax, per step", ab(keras_jax_arms(args.block, os.path.join(out, "keras_jax"), args.dim,
-                                                                args.wait_ms), args.rounds))
+                                                                args.wait_ms, args.held), args.rounds))
 
 
 if __name__ == "__main__":
