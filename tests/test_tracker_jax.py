@@ -232,6 +232,37 @@ def test_completions_reported_in_turn_are_never_early(tmp_path: Path) -> None:
     tracker.close()
 
 
+def test_the_loop_is_served_to_prometheus_and_recorded_in_the_ledger(tmp_path: Path) -> None:
+    """As for PyTorch: rank 0 serves the gpuidle_tracker_* series while the loop runs, and the job summary is a run
+    in the ledger, its fixes in JAX's words."""
+    import urllib.request
+
+    from gpuidle.ledger import Ledger
+    from gpuidle.report.jsonout import load_report
+
+    tracker = StepTracker(tmp_path / "run", every=4, ledger=tmp_path / "ledger.sqlite", prometheus_port=0,
+                          label="jax-loop", log=lambda line: None)
+    step = jax.jit(lambda w, x: (w + x, (w * x).sum()))
+    w = x = jax.numpy.ones((8, 8))
+    scraped = ""
+    for i, batch in enumerate(tracker.loader(x for _ in range(12))):
+        with tracker.phase("train_step"):
+            w, loss = step(w, batch)
+        tracker.step(loss)
+        if i == 9:
+            with urllib.request.urlopen(f"http://127.0.0.1:{tracker.prometheus_port}/metrics", timeout=10) as r:
+                scraped = r.read().decode()
+    tracker.close()
+    series = [line for line in scraped.splitlines() if line.startswith("gpuidle_tracker_step_seconds{")]
+    assert series
+    assert 'rank="0"' in series[0]
+    assert float(series[0].rsplit(" ", 1)[1]) > 0
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        (run,) = ledger.runs()
+    assert (run.kind, run.label) == ("tracker", "jax-loop")
+    assert load_report(run.report).source.framework == "jax"
+
+
 def test_never_raises_inside_the_loop(tmp_path: Path) -> None:
     lines: list[str] = []
     t = StepTracker(tmp_path, ledger=False, log=lines.append)

@@ -202,3 +202,33 @@ def test_outside_fit_and_odd_steps_per_execution_log_once_and_never_raise(tmp_pa
     cb2.set_model(m)
     cb2.on_train_begin()
     assert any("steps_per_execution='auto'" in line for line in lines)
+
+
+def test_the_fit_is_served_to_prometheus_and_recorded_in_the_ledger(tmp_path: Path) -> None:
+    """As for PyTorch: rank 0 serves the gpuidle_tracker_* series while the fit runs, and the job summary is a run
+    in the ledger, its fixes in tf.data's words."""
+    import urllib.request
+
+    from gpuidle.keras import GpuidleCallback
+    from gpuidle.ledger import Ledger
+    from gpuidle.report.jsonout import load_report
+
+    cb = GpuidleCallback(tmp_path / "run", every=4, ledger=tmp_path / "ledger.sqlite", prometheus_port=0,
+                         label="keras-tf", log=lambda line: None)
+    scraped: list[str] = []
+
+    class Scrape(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if epoch == 0:
+                with urllib.request.urlopen(f"http://127.0.0.1:{cb.prometheus_port}/metrics", timeout=10) as r:
+                    scraped.append(r.read().decode())
+
+    model().fit(cb.dataset(data(0.002)), epochs=2, callbacks=[cb, Scrape()], verbose=0)
+    step = [line for line in scraped[0].splitlines() if line.startswith("gpuidle_tracker_step_seconds{")]
+    assert step
+    assert 'rank="0"' in step[0]
+    assert float(step[0].rsplit(" ", 1)[1]) > 0
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        (run,) = ledger.runs()
+    assert (run.kind, run.label) == ("tracker", "keras-tf")
+    assert load_report(run.report).source.framework == "tensorflow"
