@@ -26,6 +26,7 @@ bound (a note says so).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -221,11 +222,12 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
         watcher thread times the steps."""
         if self._loop_thread is None:
             return
-        if threading.get_ident() == self._loop_thread:
-            self._loop_thread = None
-            self._tracker.report_completions(False)
-        else:
-            self._tracker.completed()
+        with contextlib.suppress(Exception):  # on Keras's thread, whose errors would stop the fit
+            if threading.get_ident() == self._loop_thread:
+                self._loop_thread = None
+                self._tracker.report_completions(False)
+            else:
+                self._tracker.completed()
 
     def on_train_end(self, logs: Any = None) -> None:
         if self._original is None:
