@@ -41,8 +41,6 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from device_sleep import device_wait_fn
-
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
@@ -87,6 +85,8 @@ def jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0, held: bool = 
     the step two back, as the tracker's exchange does (see :func:`keras_jax_arms`)."""
     import jax
     import jax.numpy as jnp
+
+    from device_sleep import device_wait_fn
 
     from gpuidle.jax import StepTracker
 
@@ -200,6 +200,8 @@ def keras_jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0,
     import jax
     import keras
     import numpy as np
+
+    from device_sleep import device_wait_fn
 
     from gpuidle.keras import GpuidleCallback
 
