@@ -87,7 +87,6 @@ def jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0, held: bool = 
     import jax.numpy as jnp
 
     from device_sleep import device_wait_fn
-
     from gpuidle.jax import StepTracker
 
     device_wait = device_wait_fn() if wait_ms else None
@@ -202,7 +201,6 @@ def keras_jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0,
     import numpy as np
 
     from device_sleep import device_wait_fn
-
     from gpuidle.keras import GpuidleCallback
 
     device_wait = device_wait_fn() if wait_ms else None
