@@ -22,6 +22,7 @@ from gpuidle.report.common import RenderOptions  # noqa: E402
 from gpuidle.report.terminal import TerminalRenderer  # noqa: E402
 from gpuidle.sources.tracker import read_summary  # noqa: E402
 from job_scripts import PYTHONPATH, run_job, run_ranks  # noqa: E402
+from tracker_outputs import assert_served_and_recorded  # noqa: E402
 
 LOOP = Path(__file__).with_name("jax_loop.py")
 HANG_GUARD_S = 300
@@ -237,9 +238,6 @@ def test_the_loop_is_served_to_prometheus_and_recorded_in_the_ledger(tmp_path: P
     in the ledger, its fixes in JAX's words."""
     import urllib.request
 
-    from gpuidle.ledger import Ledger
-    from gpuidle.report.jsonout import load_report
-
     tracker = StepTracker(tmp_path / "run", every=4, ledger=tmp_path / "ledger.sqlite", prometheus_port=0,
                           label="jax-loop", log=lambda line: None)
     step = jax.jit(lambda w, x: (w + x, (w * x).sum()))
@@ -253,14 +251,7 @@ def test_the_loop_is_served_to_prometheus_and_recorded_in_the_ledger(tmp_path: P
             with urllib.request.urlopen(f"http://127.0.0.1:{tracker.prometheus_port}/metrics", timeout=10) as r:
                 scraped = r.read().decode()
     tracker.close()
-    series = [line for line in scraped.splitlines() if line.startswith("gpuidle_tracker_step_seconds{")]
-    assert series
-    assert 'rank="0"' in series[0]
-    assert float(series[0].rsplit(" ", 1)[1]) > 0
-    with Ledger(tmp_path / "ledger.sqlite") as ledger:
-        (run,) = ledger.runs()
-    assert (run.kind, run.label) == ("tracker", "jax-loop")
-    assert load_report(run.report).source.framework == "jax"
+    assert_served_and_recorded(scraped, tmp_path / "ledger.sqlite", "jax-loop", "jax")
 
 
 def test_never_raises_inside_the_loop(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ keras = pytest.importorskip("keras")
 
 from gpuidle.errors import GpuidleError  # noqa: E402
 from gpuidle.live.tracker.keras_callback import Arrivals, split_execution, tf_config_rank  # noqa: E402
+from tracker_outputs import assert_served_and_recorded  # noqa: E402
 
 SLEEP_S = 0.02
 BATCHES = 30
@@ -210,8 +211,6 @@ def test_the_fit_is_served_to_prometheus_and_recorded_in_the_ledger(tmp_path: Pa
     import urllib.request
 
     from gpuidle.keras import GpuidleCallback
-    from gpuidle.ledger import Ledger
-    from gpuidle.report.jsonout import load_report
 
     cb = GpuidleCallback(tmp_path / "run", every=4, ledger=tmp_path / "ledger.sqlite", prometheus_port=0,
                          label="keras-tf", log=lambda line: None)
@@ -224,11 +223,4 @@ def test_the_fit_is_served_to_prometheus_and_recorded_in_the_ledger(tmp_path: Pa
                     scraped.append(r.read().decode())
 
     model().fit(cb.dataset(data(0.002)), epochs=2, callbacks=[cb, Scrape()], verbose=0)
-    step = [line for line in scraped[0].splitlines() if line.startswith("gpuidle_tracker_step_seconds{")]
-    assert step
-    assert 'rank="0"' in step[0]
-    assert float(step[0].rsplit(" ", 1)[1]) > 0
-    with Ledger(tmp_path / "ledger.sqlite") as ledger:
-        (run,) = ledger.runs()
-    assert (run.kind, run.label) == ("tracker", "keras-tf")
-    assert load_report(run.report).source.framework == "tensorflow"
+    assert_served_and_recorded(scraped[0], tmp_path / "ledger.sqlite", "keras-tf", "tensorflow")

@@ -18,10 +18,9 @@ pytest.importorskip("keras")
 
 from gpuidle.advice.frameworks import KERAS
 from gpuidle.api import analyze_tracker
-from gpuidle.ledger import Ledger
 from gpuidle.model import AnalysisReport, StepReport
-from gpuidle.report.jsonout import load_report
 from job_scripts import PYTHONPATH, run_job, run_ranks
+from tracker_outputs import assert_served_and_recorded
 
 FIT = Path(__file__).with_name("keras_jax_fit.py")
 DELAY_S = 0.02
@@ -201,14 +200,7 @@ class Scrape(keras.callbacks.Callback):
             with urllib.request.urlopen(f"http://127.0.0.1:{{cb.prometheus_port}}/metrics", timeout=10) as r:
                 scraped.append(r.read().decode())
 model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=[cb, Scrape()])
-print(json.dumps(scraped[0].splitlines()))
+print(json.dumps(scraped[0]))
 """
-    lines = json.loads(under_backend("jax", code).splitlines()[-1])
-    step = [line for line in lines if line.startswith("gpuidle_tracker_step_seconds{")]
-    assert step
-    assert 'rank="0"' in step[0]
-    assert float(step[0].rsplit(" ", 1)[1]) > 0
-    with Ledger(tmp_path / "ledger.sqlite") as ledger:
-        (run,) = ledger.runs()
-    assert (run.kind, run.label) == ("tracker", "keras-jax")
-    assert load_report(run.report).source.framework == "keras"
+    scraped = json.loads(under_backend("jax", code).splitlines()[-1])
+    assert_served_and_recorded(scraped, tmp_path / "ledger.sqlite", "keras-jax", "keras")
