@@ -6,9 +6,9 @@ has run it. So the wait for data is on the host's clock, and the device is timed
 tracker times it (:mod:`.jax_tracker`): at ``on_train_begin`` the callback wraps the model's
 ``train_function`` for the length of the fit. Each call's ``next()`` is timed as the tracker's
 loader, the dispatch after it as its ``train_step`` phase (so the call's first dispatch marks
-when its work was queued), and the logs it returns (device arrays) end the step: the tracker's
-watcher thread stamps their completion. A wait for data overlaps the previous step's device
-work; only the device's idle is reported.
+when its work was queued), and the logs it returns (device arrays) end the step; their completion
+is stamped as below. A wait for data overlaps the previous step's device work; only the device's
+idle is reported.
 
 Keras reads every step's logs to the host, on a thread of its own (or, when a callback that reads
 them per batch is not marked ``async_safe``, as the progress bar of ``verbose=1`` is not, on the
