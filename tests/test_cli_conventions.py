@@ -175,3 +175,25 @@ def test_the_process_entry_turns_numpys_huge_pages_off_unless_the_user_chose(use
     if user_says is not None:
         env["NUMPY_MADVISE_HUGEPAGE"] = user_says
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_version_answers_without_loading_the_commands_or_numpy() -> None:
+    """``gpuidle --version`` says what argparse would say, in the time the interpreter takes to start: no
+    subcommand's module, no numpy."""
+    code = ("import io, contextlib, sys\n"
+            "from gpuidle.cli import run\n"
+            "sys.argv = ['gpuidle', '--version']\n"
+            "out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n"
+            "    assert run() == 0\n"
+            "assert 'numpy' not in sys.modules and 'gpuidle.cli.analyze' not in sys.modules, sorted(sys.modules)\n"
+            "print(out.getvalue(), end='')\n")
+    proc = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    import gpuidle
+
+    assert proc.stdout == f"gpuidle {gpuidle.__version__}\n"
+    # with a subcommand or --help, argparse has the word as before
+    help_and_version = subprocess.run([sys.executable, "-m", "gpuidle", "--help", "--version"], capture_output=True,
+                                      text=True, check=False)
+    assert help_and_version.returncode == 0
+    assert help_and_version.stdout.startswith("usage: gpuidle")

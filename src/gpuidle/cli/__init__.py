@@ -78,8 +78,9 @@ def run() -> int:
     never in :func:`main`, which a longer-lived caller may run, and never through the environment, which
     ``gpuidle run`` passes to training."""
     gc.set_threshold(COLLECT_EVERY, *gc.get_threshold()[1:])
-    _keep_freed_memory()
-    _numpy_without_huge_pages()
+    if _command(sys.argv[1:]) is not None:  # a subcommand's work; not ``--version``, ``--help`` or a usage error
+        _keep_freed_memory()
+        _numpy_without_huge_pages()
     code = main()
     gc.freeze()
     return code
@@ -119,8 +120,12 @@ def _keep_freed_memory() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command(argv)
+    if command is None and "--version" in argv and not {"-h", "--help"} & set(argv):
+        print(f"gpuidle {__version__}")  # as argparse would, without loading every subcommand to say it
+        return 0
     try:
-        args = build_parser(_command(argv)).parse_args(argv)
+        args = build_parser(command).parse_args(argv)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except GpuidleError as err:
