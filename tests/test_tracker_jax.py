@@ -254,6 +254,40 @@ def test_the_loop_is_served_to_prometheus_and_recorded_in_the_ledger(tmp_path: P
     assert_served_and_recorded(scraped, tmp_path / "ledger.sqlite", "jax-loop", "jax")
 
 
+def test_the_trackers_own_waits_are_not_the_loops_syncs(tmp_path: Path) -> None:
+    """A loop that never syncs, its device behind its host: every ``every`` steps the tracker's exchange waits for
+    the steps two back, on the loop's thread, through the calls it times as syncs. Those waits are the tracker's:
+    no sync a step, no host-sync idle (it counted 0.7 a step)."""
+
+    @jax.jit
+    def heavy(w: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        for _ in range(8):
+            x = jax.numpy.tanh(x @ w)
+        return w - 1e-3 * x.mean(), x.sum()
+
+    w = x = jax.numpy.full((384, 384), 0.01)
+    heavy(w, x)[1].block_until_ready()
+    tracker = StepTracker(tmp_path, every=4, ledger=False, log=lambda line: None)
+    waits = 0
+    original = tracker._drain
+
+    def drain(cut: int) -> None:  # count the exchanges that had to wait for the device
+        nonlocal waits
+        waits += any(rec.done() is None and rec.index < cut for rec in tracker._pending)
+        original(cut)
+
+    tracker._drain = drain  # type: ignore[method-assign]
+    for batch in tracker.loader(x for _ in range(40)):
+        with tracker.phase("train_step"):
+            w, loss = heavy(w, batch)
+        tracker.step(loss)
+    report = tracker.close()
+    assert report is not None
+    assert waits >= 3  # the device was behind: the exchange did wait
+    assert report.ranks[0].kernels.syncs_per_step == 0.0
+    assert report.ranks[0].devices[0].idle_by_cause_s["host_sync"] == 0.0
+
+
 def test_never_raises_inside_the_loop(tmp_path: Path) -> None:
     lines: list[str] = []
     t = StepTracker(tmp_path, ledger=False, log=lines.append)

@@ -13,8 +13,9 @@ backend an array also exposes its memory as a buffer, which NumPy reads before i
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -66,6 +67,16 @@ class SyncWatch:
         if self.installed:
             self.installed = False
             _installed.release()
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        """The tracker's own waits on the loop's thread (its exchange waits for old steps, and may gather through
+        JAX): not the loop's syncs."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
 
     def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
         self._saved.append((owner, name, owner.__dict__[name]))

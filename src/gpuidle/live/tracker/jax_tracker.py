@@ -324,7 +324,8 @@ class StepTracker(TrackerBase):
         self._look(now)
         self._drain(0)
         if self._step % self._every == 0:
-            self._exchange(final=False, count=self._ready(self._step - self._lag))
+            with self._syncs.untimed() if self._syncs is not None else contextlib.nullcontext():
+                self._exchange(final=False, count=self._ready(self._step - self._lag))
 
     # -- the device's side -----------------------------------------------------------
 
