@@ -14,6 +14,7 @@ asynchronously, as on a GPU.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import subprocess
 from collections.abc import Callable
@@ -24,11 +25,10 @@ import numpy as np
 
 SOURCE = Path(__file__).with_name("device_sleep.cc")
 TARGET = "gpuidle_bench_sleep"
-_registered: list[bool] = []
 
 
 def build(work: Path = Path("/tmp/gpuidle-bench")) -> Path:
-    """The shared library, rebuilt when the source or jaxlib changed."""
+    """The shared library, rebuilt when the source or JAX changed."""
     key = hashlib.sha256(SOURCE.read_bytes() + jax.__version__.encode()).hexdigest()[:12]
     lib = work / f"device_sleep-{key}.so"
     if not lib.exists():
@@ -38,12 +38,16 @@ def build(work: Path = Path("/tmp/gpuidle-bench")) -> Path:
     return lib
 
 
+@functools.cache
+def _register() -> None:
+    """The library loaded and its handler known to XLA, once a process."""
+    handler = ctypes.cdll.LoadLibrary(str(build())).GpuidleBenchSleep
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler), platform="cpu")
+
+
 def device_wait_fn() -> Callable[[jax.Array, float], jax.Array]:
     """``device_wait(x, ms)``: ``x`` (float32) after ``ms`` milliseconds of the device's time."""
-    if not _registered:
-        handler = ctypes.cdll.LoadLibrary(str(build())).GpuidleBenchSleep
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler), platform="cpu")
-        _registered.append(True)
+    _register()
 
     def device_wait(x: jax.Array, ms: float) -> jax.Array:
         out: jax.Array = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype))(x, ms=np.float32(ms))
