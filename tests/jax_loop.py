@@ -25,8 +25,10 @@ DATA_DELAY_S = 0.015
 LIGHT_DELAY_S = 0.003
 SLOW_DELAY_S = 0.04
 """A rank whose data is slow enough to stand out however loaded the machine is."""
-HOST_WORK_S = 0.002
-"""Less than the step's device work: the sync, not the host, is what leaves the device idle."""
+HOST_WORK_S = 0.001
+"""Well less than the time the sync blocks (about 2.2 ms a step on a 2-core CPU): the sync, not the host, is what
+leaves the device idle. At 2 ms the two were within 0.1 ms of each other, and a busy machine stretched the host's
+work past the block, its idle then the host's own (unattributed) rather than the sync's."""
 HOST_BOUND_WORK_S = 0.008
 """More than the step's device work (``hostbound``): without the sync the host still sets the pace."""
 
