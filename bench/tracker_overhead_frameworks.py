@@ -39,7 +39,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -78,11 +80,28 @@ def report(framework: str, times: dict[str, list[float]]) -> None:
           f"B/A {median_diff(a, b) * 100:+.2f} %   A'/A {median_diff(a, a2) * 100:+.2f} %")
 
 
+class Hold:
+    """The tracker's hold on the host, without the tracker (``--held``): every ``every`` steps, wait for the step
+    ``lag`` back (the tracker's exchange waits for the steps its ``resolve_lag`` behind the last)."""
+
+    def __init__(self, every: int, lag: int = 2) -> None:
+        self.every, self.lag, self.steps = every, lag, 0
+        self.recent: deque[Any] = deque(maxlen=lag + 1)
+
+    def step(self, outputs: Any) -> None:
+        import jax
+
+        self.recent.append(outputs)
+        self.steps += 1
+        if self.steps % self.every == 0 and len(self.recent) > self.lag:
+            jax.block_until_ready(self.recent[0])
+
+
 def jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0, held: bool = False,
              ) -> dict[str, Callable[[], float]]:
     """``wait_ms``: the step also waits this long on the device (:mod:`device_sleep`: the CPU and the interpreter's
-    lock free meanwhile, as for a GPU kernel), after its matmuls. ``held``: the plain arms wait every 50 steps for
-    the step two back, as the tracker's exchange does (see :func:`keras_jax_arms`)."""
+    lock free meanwhile, as for a GPU kernel), after its matmuls. ``held``: the plain arms' host held as the
+    tracker's exchange holds it (:class:`Hold`; see :func:`keras_jax_arms`)."""
     import jax
     import jax.numpy as jnp
 
@@ -104,17 +123,16 @@ def jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0, held: bool = 
     x = jnp.ones((dim // 2, dim))
     state["w"], loss = step(state["w"], x)
     loss.block_until_ready()
-    tracker = StepTracker(out, every=50, log_every=None, ledger=False)
+    every = 50
+    tracker = StepTracker(out, every=every, log_every=None, ledger=False)
 
     def plain() -> float:
         w, t0 = state["w"], time.perf_counter()
-        losses = []
-        for i, batch in enumerate(x for _ in range(block)):
+        hold = Hold(every) if held else None
+        for batch in (x for _ in range(block)):
             w, loss = step(w, batch)
-            if held:
-                losses.append(loss)
-                if (i + 1) % 50 == 0 and i >= 2:
-                    losses[-3].block_until_ready()
+            if hold is not None:
+                hold.step(loss)
         loss.block_until_ready()
         state["w"] = w
         return (time.perf_counter() - t0) / block
@@ -231,16 +249,14 @@ def keras_jax_arms(block: int, out: str, dim: int, wait_ms: float = 0.0,
     every = min(50, max(1, block // 3))
 
     class Held(keras.callbacks.Callback):  # type: ignore[misc]
-        """Every ``every`` train calls, wait for the logs of the call two back, as the tracker's exchange does."""
+        """The fit's train calls held as the tracker's exchange holds them (:class:`Hold`, on each call's logs)."""
 
         def on_train_begin(self, logs: object = None) -> None:
-            function, outs = self.model.train_function, []
+            function, hold = self.model.train_function, Hold(every)
 
             def train_function(state: object, iterator: object) -> object:
                 out = function(state, iterator)
-                outs.append(out[0])
-                if len(outs) % every == 0 and len(outs) > 2:
-                    jax.block_until_ready(outs[-3])
+                hold.step(out[0])
                 return out
 
             self.function, self.model.train_function = function, train_function

@@ -61,6 +61,7 @@ class RowLayout:
         self.tail = [self.col[c] for c in TAIL]
         self._tail_of = itemgetter(*self.tail)
         self._host_of, self._device_of = _picker(self.host_col.values()), _picker(self.device_col.values())
+        self._host_names, self._device_names = list(self.host_col), list(self.device_col)
         self.exposed = self.col["exposed"]
         self.width = len(self.cols)
 
@@ -72,8 +73,8 @@ class RowLayout:
         """
         ints = rows.astype(np.int64).tolist()
         wait_ns = waits.astype(np.int64).tolist() if waits is not None else [0] * len(ints)
-        host_names, host_of = list(self.host_col), self._host_of
-        device_names, device_of = list(self.device_col), self._device_of
+        host_names, host_of = self._host_names, self._host_of
+        device_names, device_of = self._device_names, self._device_of
         out = []
         for r, wait in zip(ints, wait_ns, strict=True):
             comm, exposed, buckets, nbytes, samples, batches, profiled, sync, syncs = self._tail_of(r)

@@ -150,6 +150,8 @@ class GpuidleCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras 
         self._original: Callable[..., Any] | None = None
         self._new_pass = True
         self._loop_thread: int | None = None
+        """The fit's thread while batch ends are taken as completions; None before the fit, and once Keras is seen
+        to call them on the fit's own thread (then the watcher times the steps)."""
         self._hears_logs = keras_reads_logs_apart()
         if self._hears_logs:  # else Keras's default batch end, which leaves Keras's dispatch as it was
             self.on_train_batch_end = self._logs_read
