@@ -4,7 +4,7 @@
 # JAX backend on the GPU (skipped where JAX sees no GPU, or Keras is not installed). Run from the repository root
 # on a machine with a GPU and the CUDA build of torch:  bash tests/gpu/check.sh   (PYTHON names the interpreter; python3 by default;
 # GPUIDLE_KEEP_TRACES=DIR keeps the before/after trace pair; GPUIDLE_GPU_COSTS=1 also measures what the JAX tracker
-# and the Keras callback on JAX cost a step on the GPU, about two minutes)
+# and the Keras callback on JAX cost a step on the GPU; not yet run on one)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
