@@ -9,9 +9,13 @@ thousands of randomly damaged chunks.
 from __future__ import annotations
 
 import gzip
+import os
 import random
 import shutil
+import subprocess
+import sys
 import sysconfig
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +23,11 @@ import msgspec
 import numpy as np
 import pytest
 
+import kscan_fuzz
 from gpuidle.sources.jsonstream import TraceStream
-from gpuidle.sources.kineto_columns import Columns
 from gpuidle.sources.kineto_events import decode_chunk
 from gpuidle.sources.kineto_scan import SCANNER_BUILT, Scanned, scan
+from kscan_fuzz import compare
 
 DATA = Path(__file__).parent / "data"
 EXAMPLE = Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"
@@ -40,38 +45,6 @@ def test_the_scanner_is_built_where_a_compiler_is() -> None:
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler})")
     assert SCANNER_BUILT
-
-
-def state(cols: Columns) -> dict[str, Any]:
-    cols.done_adding()
-    out: dict[str, Any] = {f"dev.{k}": np.concatenate(v) if v else None for k, v in cols.dev.items()}
-    out |= {f"host.{k}": np.concatenate(v) if v else None for k, v in cols.host.items()}
-    out |= {"coll": cols.coll, "strings": cols.strings, "threads": cols.threads, "skipped": cols.skipped,
-            "foreign": cols.foreign, "events": cols.events, "hosts": cols.hosts}
-    return out
-
-
-def assert_same(scanned: dict[str, Any], decoded: dict[str, Any]) -> None:
-    assert scanned.keys() == decoded.keys()
-    for key, value in decoded.items():
-        if isinstance(value, np.ndarray):
-            assert value.dtype == scanned[key].dtype, key
-            assert np.array_equal(value, scanned[key], equal_nan=True), key
-        else:
-            assert scanned[key] == value, key
-
-
-def compare(texts: list[bytes]) -> int:
-    """Columns of the chunks scanned (declined ones decoded) against all decoded; the chunks declined."""
-    by_scan, by_decoder, declined = Columns(), Columns(), 0
-    for text in texts:
-        decoded = decode_chunk(text)
-        scanned = scan(text)
-        declined += scanned is None
-        by_scan.add(decoded if scanned is None else scanned)
-        by_decoder.add(decoded)
-    assert_same(state(by_scan), state(by_decoder))
-    return declined
 
 
 def chunks(path: Path) -> list[bytes]:
@@ -210,3 +183,69 @@ def test_damaged_chunks_are_read_the_same_or_declined() -> None:
         read += 1
     assert read > 100
     assert refused > 100
+
+
+@needs_scanner
+def test_a_short_fuzz_pass_finds_no_difference() -> None:
+    """The grammar and mutation fuzzer (run for minutes under AddressSanitizer by .ci/sanitize), a fixed few
+    thousand chunks here: every outcome is met many times."""
+    counts = kscan_fuzz.run(0, seed=3, cases=3000)
+    assert min(counts.values()) > 200, counts
+
+
+@needs_scanner
+def test_ids_survive_the_table_growing_with_freed_memory_poisoned() -> None:
+    """A chunk of thousands of distinct names grows the string table several times; an id read from the slots
+    after a grow freed them would be garbage here, where glibc fills freed memory and maps big blocks apart."""
+    code = ("import kscan_fuzz as k; from gpuidle.sources.kineto_scan import scan\n"
+            "for n in (511, 512, 513, 3000, 20000):\n"
+            "    text = k.many_names(n); assert scan(text) is not None; assert k.compare([text]) == 0\n"
+            "print('same')")
+    env = os.environ | {"MALLOC_PERTURB_": "165", "MALLOC_MMAP_THRESHOLD_": "65536",
+                        "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "same"
+
+
+@needs_scanner
+def test_the_string_hash_is_keyed_per_process() -> None:
+    """Names cannot be built ahead to collide: the same bytes hash differently in another process."""
+    code = "from gpuidle.sources import _kscan; print(_kscan.string_hash(b'ampere_sgemm_128x64_nn'))"
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(3)}
+    assert len(seen) == 3
+
+
+@needs_scanner
+def test_names_built_to_collide_cost_what_the_decoder_costs() -> None:
+    """The worst an attacker could do, knowing this process's key: 3,000 names whose hashes share their low 11
+    bits, all in a few runs of the table (without the probe's bound: 5x the decoder's time, and growing with the
+    square of the names). A look-up stops after a bounded probe and the decoder reads the chunk:
+    its cost, side by side with an ordinary chunk of the same size, stays the decoder's, not quadratic."""
+    from gpuidle.sources import _kscan
+    from gpuidle.sources.kineto_scan import scan_or_decode
+
+    crafted = kscan_fuzz.colliding_names(3000, 11, _kscan.string_hash)
+    ordinary = msgspec.json.encode([{"ph": "X", "cat": "cpu_op", "name": f"o{i:08x}", "ts": 1, "dur": 1}
+                                    for i in range(3000)])
+    assert len(crafted) == len(ordinary)
+    assert scan(crafted) is None
+    assert scan(ordinary) is not None
+    assert compare([crafted]) == 1
+
+    def best(text: bytes, read: Any) -> float:
+        times = []
+        for _ in range(9):
+            t0 = time.perf_counter()
+            read(text)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    ratio = best(crafted, scan_or_decode) / best(ordinary, decode_chunk)
+    assert ratio < 3, f"crafted names {ratio:.1f}x the decoder's time on ordinary ones"
+
+
+@needs_scanner
+def test_a_bytes_subclass_is_never_read_in_place() -> None:
+    kscan_fuzz.bytes_subclass_case()

@@ -69,10 +69,7 @@ static int string_id(Scan *s, Ptr *pp, int32_t *id) {
     int escaped;
     if (**pp != '"' || string_span(*pp, lim, &end, &lo, &n, &escaped) != OK) return FALLBACK;
     *pp = end;
-    if (!escaped) {
-        *id = intern(&s->strings, (const char *)lo, n, 0);
-        return *id < 0 ? NOMEM : OK;
-    }
+    if (!escaped) return intern(&s->strings, (const char *)lo, n, 0, id);
     if ((size_t)n > s->scratch_cap) { /* undoing escapes never lengthens a string */
         char *b = realloc(s->scratch, (size_t)n);
         if (!b) return NOMEM;
@@ -98,8 +95,7 @@ static int string_id(Scan *s, Ptr *pp, int32_t *id) {
         *o++ = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : (char)e;
         q += 2;
     }
-    *id = intern(&s->strings, s->scratch, o - s->scratch, 1);
-    return *id < 0 ? NOMEM : OK;
+    return intern(&s->strings, s->scratch, o - s->scratch, 1, id);
 }
 
 #define KEY(lit) (n == sizeof(lit) - 1 && memcmp(k, lit, sizeof(lit) - 1) == 0)
@@ -282,10 +278,11 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     (void)self;
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    /* the scanner reads one byte past a token to end it: a NUL-terminated copy unless the object is bytes */
+    /* the scanner reads one byte past a token to end it: a NUL-terminated copy unless the object is bytes itself
+     * (a subclass may export another buffer, without that NUL) */
     char *copy = NULL;
     Ptr base = view.buf;
-    if (!PyBytes_Check(arg)) {
+    if (!PyBytes_CheckExact(arg)) {
         copy = malloc((size_t)view.len + 1);
         if (!copy) { PyBuffer_Release(&view); return PyErr_NoMemory(); }
         memcpy(copy, view.buf, (size_t)view.len);
@@ -297,7 +294,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     s.base = base;
     s.end = base + view.len;
     int rc = table_init(&s.strings);
-    if (rc == OK && (s.empty = intern(&s.strings, "", 0, 0)) < 0) rc = NOMEM;
+    if (rc == OK) rc = intern(&s.strings, "", 0, 0, &s.empty);
     if (rc == OK) {
         Py_BEGIN_ALLOW_THREADS
         rc = scan_array(&s, base, base + view.len);
@@ -344,17 +341,40 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     return out;
 }
 
+static PyObject *string_hash(PyObject *self, PyObject *arg) {
+    (void)self;
+    char *p;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(arg, &p, &n) < 0) return NULL;
+    return PyLong_FromUnsignedLongLong(hash_bytes(p, n));
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_O,
      "scan(text) -> (n, strings, cat, ph, name, pid_s, tid_s, ts, dur, pid, tid, corr, device, stream, bytes, "
      "args_lo, args_hi) or None\n\nA chunk of Kineto events as columns (buffers of int32, float64 or int64); None "
      "when the chunk needs the general decoder."},
+    {"string_hash", string_hash, METH_O,
+     "string_hash(b) -> int\n\nThe keyed hash the scanner interns strings by (this process's key)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
+/* The hash key from os.urandom, once a process: names cannot be built to collide without it. */
+static int seed_key(void) {
+    PyObject *os = PyImport_ImportModule("os");
+    PyObject *key = os ? PyObject_CallMethod(os, "urandom", "i", 16) : NULL;
+    Py_XDECREF(os);
+    if (!key) return -1;
+    int ok = PyBytes_Check(key) && PyBytes_GET_SIZE(key) == 16;
+    if (ok) table_key((const unsigned char *)PyBytes_AS_STRING(key));
+    Py_DECREF(key);
+    if (!ok) PyErr_SetString(PyExc_RuntimeError, "os.urandom(16) gave no 16 bytes");
+    return ok ? 0 : -1;
+}
+
 PyMODINIT_FUNC PyInit__kscan(void) {
-    if (PyType_Ready(&ColumnType) < 0) return NULL;
+    if (PyType_Ready(&ColumnType) < 0 || seed_key() < 0) return NULL;
     return PyModule_Create(&module);
 }

@@ -120,7 +120,8 @@ int number(Ptr *pp, int *is_int, int64_t *ival, double *dval) {
     int neg = *p == '-';
     if (neg) p++;
     uint64_t m = 0; /* the significant digits, at most 19 */
-    int digits = 0, exp10 = 0, exact = 1;
+    int digits = 0, exact = 1;
+    int64_t exp10 = 0; /* counts digits: a text of 2^31 of them must not wrap it */
     if (*p == '0') {
         p++;
     } else if (*p >= '1' && *p <= '9') {
@@ -140,7 +141,7 @@ int number(Ptr *pp, int *is_int, int64_t *ival, double *dval) {
     if (*p == '.') {
         p++;
         if (!(*p >= '0' && *p <= '9')) return FALLBACK;
-        int zeros = 0; /* held back: trailing zeros ("8e15" written "8000000000000000.0") add no digit */
+        int64_t zeros = 0; /* held back: trailing zeros ("8e15" written "8000000000000000.0") add no digit */
         for (; *p >= '0' && *p <= '9'; p++) {
             if (*p == '0') {
                 zeros++;
@@ -161,7 +162,7 @@ int number(Ptr *pp, int *is_int, int64_t *ival, double *dval) {
         int eneg = 0;
         if (*p == '+' || *p == '-') eneg = *p++ == '-';
         if (!(*p >= '0' && *p <= '9')) return FALLBACK;
-        int e = 0;
+        int64_t e = 0;
         for (; *p >= '0' && *p <= '9'; p++)
             if (e < 100000) e = e * 10 + (*p - '0');
         exp10 += eneg ? -e : e;
@@ -181,7 +182,7 @@ int number(Ptr *pp, int *is_int, int64_t *ival, double *dval) {
         d = exp10 < 0 ? (double)m / POW10[-exp10] : (double)m * POW10[exp10];
     } else {
 #ifdef __SIZEOF_INT128__
-        d = scaled(m, exp10);
+        d = scaled(m, (int)exp10);
         if (d < 0) return FALLBACK;
 #else
         return FALLBACK;

@@ -6,20 +6,42 @@
 
 #include "status.h"
 
-static uint64_t hash_bytes(const char *p, Py_ssize_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+/* The key, set once a process from os.urandom: names cannot be built to collide without it. The default is only
+ * for a table used before the module's start (none is). */
+static uint64_t key0 = 0x243F6A8885A308D3ULL, key1 = 0x13198A2E03707344ULL;
+
+void table_key(const unsigned char key[16]) {
+    memcpy(&key0, key, 8);
+    memcpy(&key1, key + 8, 8);
+    key0 |= 1; /* odd factors: no product is forced to zero */
+    key1 |= 1;
+}
+
+#ifdef __SIZEOF_INT128__
+/* The 128-bit product folded to 64 bits: neither factor can be recovered from it (wyhash's mixing step). */
+static inline uint64_t fold(uint64_t a, uint64_t b) {
+    __extension__ unsigned __int128 r = (unsigned __int128)a * b;
+    return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+#else
+static inline uint64_t fold(uint64_t a, uint64_t b) {
+    uint64_t lo = a * b, hi = (a >> 32) * (b >> 32); /* the high product's upper half, roughly */
+    return lo ^ hi ^ (lo >> 29);
+}
+#endif
+
+uint64_t hash_bytes(const char *p, Py_ssize_t n) {
+    uint64_t h = key0 ^ (uint64_t)n;
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
-        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
-        h ^= h >> 32;
+        h = fold(h ^ w ^ key1, 0x9E3779B97F4A7C15ULL ^ key0);
         p += 8;
         n -= 8;
     }
     uint64_t w = 0;
     memcpy(&w, p, (size_t)n);
-    h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
-    return h ^ (h >> 29);
+    return fold(h ^ w ^ key0, 0xC4CEB9FE1A85EC53ULL ^ key1);
 }
 
 int table_init(Table *t) {
@@ -63,25 +85,29 @@ static int table_grow(Table *t) {
     return OK;
 }
 
-int32_t intern(Table *t, const char *p, Py_ssize_t n, int copy) {
+int intern(Table *t, const char *p, Py_ssize_t n, int copy, int32_t *id) {
     uint64_t h = hash_bytes(p, n);
     size_t j = h & t->mask;
-    for (;;) {
+    for (int probes = 0;; probes++) {
         Slot *s = &t->slots[j];
         if (!s->p) break;
-        if (s->hash == h && s->len == n && memcmp(s->p, p, (size_t)n) == 0) return s->id;
+        if (s->hash == h && s->len == n && memcmp(s->p, p, (size_t)n) == 0) {
+            *id = s->id;
+            return OK;
+        }
+        if (probes == PROBE_LIMIT) return FALLBACK;
         j = (j + 1) & t->mask;
     }
     if (copy) {
         if (t->n_owned == t->owned_cap) {
             size_t cap = t->owned_cap ? 2 * t->owned_cap : 64;
             char **owned = realloc(t->owned, cap * sizeof(char *));
-            if (!owned) return -1;
+            if (!owned) return NOMEM;
             t->owned = owned;
             t->owned_cap = cap;
         }
         char *c = malloc((size_t)n + 1);
-        if (!c) return -1;
+        if (!c) return NOMEM;
         memcpy(c, p, (size_t)n);
         t->owned[t->n_owned++] = c;
         p = c;
@@ -91,9 +117,10 @@ int32_t intern(Table *t, const char *p, Py_ssize_t n, int copy) {
     s->p = p;
     s->len = n;
     s->id = (int32_t)t->used;
+    *id = s->id; /* read before a grow frees the slots */
     t->order_p[t->used] = p;
     t->order_len[t->used] = n;
     t->used++;
-    if (t->used * 2 > t->mask && table_grow(t) != OK) return -1;
-    return s->id;
+    if (t->used * 2 > t->mask) return table_grow(t);
+    return OK;
 }

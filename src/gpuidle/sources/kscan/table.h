@@ -6,6 +6,11 @@
 #include <Python.h>
 #include <stdint.h>
 
+/* The most slots one look-up may pass. A keyed hash keeps real probes short (at most half the slots are used,
+ * so a run of PROBE_LIMIT is some 1e-9 per look-up); names built to collide end there, and the chunk goes to the
+ * general decoder, whose cost is linear in its size. */
+#define PROBE_LIMIT 256
+
 typedef struct {
     uint64_t hash;
     const char *p;
@@ -22,9 +27,14 @@ typedef struct {
     size_t n_owned, owned_cap;
 } Table;
 
+/* The process's hash key, once, before any table is used: 16 random bytes. */
+void table_key(const unsigned char key[16]);
+/* The keyed hash of p[:n] (exposed for tests). */
+uint64_t hash_bytes(const char *p, Py_ssize_t n);
 int table_init(Table *t);
 void table_free(Table *t);
-/* The id of p[:n]; `copy`: p is scratch memory, keep a copy if the string is new. -1 when out of memory. */
-int32_t intern(Table *t, const char *p, Py_ssize_t n, int copy);
+/* *id: the id of p[:n]; `copy`: p is scratch memory, keep a copy if the string is new. Returns OK, NOMEM, or
+ * FALLBACK where the probe ran past PROBE_LIMIT slots. */
+int intern(Table *t, const char *p, Py_ssize_t n, int copy, int32_t *id);
 
 #endif
