@@ -19,6 +19,9 @@ finished child processes, bytes; 0 if none), ``base_rss`` (RSS after the imports
 bytes), ``work_cpu_s`` (CPU time of the work in this process: less disturbed than
 ``work_s`` when other jobs share the cores), ``children_cpu_s`` (gpuidle: the CPU time of the worker
 processes that decoded the trace), plus tool-specific counts.
+
+With ``GPUIDLE_BENCH_NO_SCANNER=1`` gpuidle runs as installed without a C compiler: the compiled scanner
+is not imported, and every chunk is decoded by msgspec (in worker processes where every core is used).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ import os
 import resource
 import sys
 import time
+
+if os.environ.get("GPUIDLE_BENCH_NO_SCANNER") == "1":
+    sys.modules["gpuidle.sources._kscan"] = None  # type: ignore[assignment]  # its import fails, as unbuilt
 
 
 def _status(key: str) -> int:

@@ -4,12 +4,14 @@ A real trace is scaled to about ``--target-mib`` MiB of JSON (``scale_trace.py``
 used as it is. In each round, side by side: ``gzip -dc FILE > /dev/null``; ``gpuidle analyze FILE
 --json`` in a fresh process with ``GPUIDLE_READ_WORKERS=1`` (the reader in that process) and with the
 default (chunks read by one worker per core: threads where the compiled scanner is built, else
-processes). Printed: the best wall time of each (the whole process), its ratio to ``gzip -dc``, and the
-peak RSS of the process tree against the JSON's size; then, for every core, the CPU time of the main
+processes); with ``--no-scanner`` also both again as installed without a C compiler (msgspec decodes
+every chunk), so that the compiled scanner's gain is measured side by side. Printed: the best wall time
+of each (the whole process), its ratio to ``gzip -dc``, and the peak RSS of the process tree against the
+JSON's size; then, for every core, the CPU time of the main
 process and of its worker processes, or of the one process and all its threads, against its wall time.
 
     python bench/read_workers.py                           # 256 MiB
-    python bench/read_workers.py --target-mib 1024 --repeat 2
+    python bench/read_workers.py --target-mib 1024 --repeat 2 --no-scanner
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from benchlib import DEFAULT_SOURCE, MIB, Run, machine, run_child
 from scale_trace import copy_bytes, load, scale_trace
 
 WORKERS_ENV = "GPUIDLE_READ_WORKERS"
+NO_SCANNER_ENV = "GPUIDLE_BENCH_NO_SCANNER"
 
 
 def _trace(args: argparse.Namespace) -> Path:
@@ -50,14 +53,17 @@ def _gzip_dc(path: Path) -> float:
     return time.perf_counter() - t0
 
 
-def _gpuidle(path: Path, workers: str | None) -> Run:
+def _gpuidle(path: Path, workers: str | None, scanner: bool = True) -> Run:
     saved = os.environ.pop(WORKERS_ENV, None)
     if workers is not None:
         os.environ[WORKERS_ENV] = workers
+    if not scanner:
+        os.environ[NO_SCANNER_ENV] = "1"
     try:
         return run_child("gpuidle", [str(path)])
     finally:
         os.environ.pop(WORKERS_ENV, None)
+        os.environ.pop(NO_SCANNER_ENV, None)
         if saved is not None:
             os.environ[WORKERS_ENV] = saved
 
@@ -69,6 +75,7 @@ def main() -> int:
     p.add_argument("--trace", help="a trace to read as it is (no scaling)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/gpuidle-bench"))
+    p.add_argument("--no-scanner", action="store_true", help="also both runs without the compiled scanner")
     args = p.parse_args()
     path = _trace(args)
     size = _json_bytes(path)
@@ -79,8 +86,11 @@ def main() -> int:
     cpu: dict[str, tuple[float, float]] = {}
     for _ in range(args.repeat):
         best["gzip -dc"] = min(best.get("gzip -dc", 1e9), _gzip_dc(path))
-        for name, workers in (("gpuidle, one process", "1"), ("gpuidle, every core", None)):
-            run = _gpuidle(path, workers)
+        arms = [("gpuidle, one process", "1", True), ("gpuidle, every core", None, True)]
+        if args.no_scanner:
+            arms += [("no scanner, one process", "1", False), ("no scanner, every core", None, False)]
+        for name, workers, scanner in arms:
+            run = _gpuidle(path, workers, scanner)
             if not run.ok:
                 print(f"{name}: {run.error}")
                 return 1
@@ -92,7 +102,10 @@ def main() -> int:
     floor = best["gzip -dc"]
     for name, wall in best.items():
         rss = f"   peak RSS {peak[name] / MIB:,.0f} MiB = {peak[name] / size:.2f}x the JSON" if name in peak else ""
-        print(f"{name:<22} {wall:6.2f} s   {wall / floor:5.2f}x gzip -dc{rss}")
+        print(f"{name:<24} {wall:6.2f} s   {wall / floor:5.2f}x gzip -dc{rss}")
+    if args.no_scanner:
+        for how in ("one process", "every core"):
+            print(f"the scanner's gain, {how}: {best[f'no scanner, {how}'] / best[f'gpuidle, {how}']:.2f}x")
     mine, workers_cpu = cpu["gpuidle, every core"]
     if workers_cpu > 0.1 * mine:  # worker processes (a few ms of children are the ledger's git call)
         print(f"every core: CPU of the process that inflates, cuts, merges and analyses {mine:.2f} s, of its "
