@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,18 @@ def test_summarize_and_compare_never_write_over_their_inputs(tmp_path: Path,
     line = _refused(["bench", "allreduce", "--compare", str(a), "--out", str(a)], capsys)
     assert "would overwrite the input" in line
     assert a.read_bytes() == before
+
+
+def test_the_tests_record_into_a_home_of_their_own_never_the_users(tmp_path: Path) -> None:
+    """A run recorded the way a test's subprocesses record (no --ledger, the environment as the test session set
+    it) lands in the session's own ledger; the user's ledger is as it was before the session began."""
+    from conftest import USERS_LEDGER, USERS_LEDGER_BEFORE, _fingerprint
+
+    env = {k: v for k, v in os.environ.items() if k != "GPUIDLE_LEDGER"}  # the XDG home alone decides
+    proc = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(TRACE)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    recorded = Path(env["XDG_DATA_HOME"]) / "gpuidle" / "ledger.sqlite"
+    assert [r.id for r in Ledger(recorded).runs()] == [1]
+    assert recorded != USERS_LEDGER
+    assert _fingerprint(USERS_LEDGER) == USERS_LEDGER_BEFORE
