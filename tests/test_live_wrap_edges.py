@@ -69,7 +69,8 @@ time.sleep(120)
 
 LEAVES_A_ZOMBIE = f"""
     import subprocess, sys
-    child = subprocess.Popen([sys.executable, "-c", {ZOMBIE_HOLDER!r}], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", {ZOMBIE_HOLDER!r}], stdout=subprocess.PIPE, text=True,
+                             stderr=subprocess.DEVNULL)  # else gpuidle's stderr stays open until it is killed
     print(child.stdout.readline().strip(), flush=True)
 """
 
