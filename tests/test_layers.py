@@ -53,3 +53,52 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from gpuidle.api import analyze\n    from gpuidle import report\n")
     assert _imports(f) == {"api", "report"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The gpuidle modules ``path`` imports, lazily or for type checking too: ``from a import b`` is module a.b
+    where there is one, else a."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for a in node.names:
+                target = f"{base}.{a.name}"
+                out.add(target if target in modules else base)
+    return (out & modules) - {name}
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """No import circle, however long, through lazy and type-only imports too: a piece two modules share has a
+    home of its own."""
+    files = [f for f in SRC.rglob("*.py") if "xplane_pb2" not in f.name]
+    modules = {_module_name(f) for f in files}
+    graph = {_module_name(f): _module_imports(f, modules) for f in files}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])
+    assert [" -> ".join(c) for c in cycles] == []

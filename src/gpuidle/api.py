@@ -25,7 +25,8 @@ from gpuidle.analysis.ranks import match_collectives, waiting_intervals
 from gpuidle.analysis.steps import step_window
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.errors import GpuidleError, InputNotFound
-from gpuidle.jobs.executors import LocalPool, Progress, executor_for
+from gpuidle.jobs.contract import Progress
+from gpuidle.jobs.executors import LocalPool, executor_for
 from gpuidle.jobs.merge import merge_job
 from gpuidle.jobs.plan import plan_inputs
 from gpuidle.jobs.rank import RankOutcome

@@ -13,10 +13,9 @@ from gpuidle.cli.common import (
     Parser,
     add_ledger_option,
     emit,
-    ledger_path,
     positive_float,
     positive_int,
-    record_run,
+    record_analysis,
     refuse_conflicting_formats,
     refuse_overwriting_inputs,
     use_color,
@@ -145,7 +144,7 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
         from gpuidle.report.registry import renderer_class
 
         emit(renderer_class(fmt)().render(report, options), args.out)
-    record(args, report, args.label)
+    record_analysis(args, report, args.label)
     if pages or args.annotate:
         timeline = api.timeline_for(report, analyses=analyses)
         if timeline.note:
@@ -161,17 +160,3 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
         if args.annotate:
             api.annotate_trace(timeline.path, args.annotate, timeline)
     return 1 if report.source.skipped else 0
-
-
-def record(args: argparse.Namespace, report: AnalysisReport, label: str | None) -> int | None:
-    """Keep the run in the ledger; a ledger problem is a warning, never a failed analysis."""
-    if ledger_path(args) is None:
-        return None
-    import msgspec
-
-    from gpuidle import api
-    from gpuidle.ledger import Facts, analysis_facts
-
-    facts = analysis_facts(report)
-    facts.update(Facts(notes=args.notes, batch_size=args.batch_size))
-    return record_run(args, "analyze", msgspec.json.encode(report), label, api.analysis_inputs(report), **facts)

@@ -15,6 +15,7 @@ from gpuidle.report.text import printable
 
 if TYPE_CHECKING:
     from gpuidle.ledger import Facts
+    from gpuidle.model import AnalysisReport
 
 
 COLOR_CHOICES = ("auto", "always", "never")
@@ -204,3 +205,17 @@ def record_run(
     if sys.stderr.isatty():
         print(f"gpuidle: recorded as run {run_id}" + (f" ({label})" if label else ""), file=sys.stderr)
     return run_id
+
+
+def record_analysis(args: argparse.Namespace, report: AnalysisReport, label: str | None) -> int | None:
+    """Keep the run in the ledger; a ledger problem is a warning, never a failed analysis."""
+    if ledger_path(args) is None:
+        return None
+    import msgspec
+
+    from gpuidle import api
+    from gpuidle.ledger import Facts, analysis_facts
+
+    facts = analysis_facts(report)
+    facts.update(Facts(notes=args.notes, batch_size=args.batch_size))
+    return record_run(args, "analyze", msgspec.json.encode(report), label, api.analysis_inputs(report), **facts)

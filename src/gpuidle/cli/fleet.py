@@ -7,8 +7,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuidle.cli.analyze import record
-from gpuidle.cli.common import emit, refuse_conflicting_formats, warn
+from gpuidle.cli.common import emit, record_analysis, refuse_conflicting_formats, warn
 from gpuidle.errors import GpuidleError
 
 if TYPE_CHECKING:
@@ -46,7 +45,7 @@ def report_fleet(args: argparse.Namespace, jobs: api.Jobs, fmt: str) -> int:
             if args.price_per_gpu_hour is not None else job.report
         if out_dir is not None:
             written[job.name] = _write_job(out_dir, job.name, report, job_fmt, args.top)
-        run_id = record(args, report, f"{args.label}/{job.name}" if args.label else job.name)
+        run_id = record_analysis(args, report, f"{args.label}/{job.name}" if args.label else job.name)
         if run_id is not None:
             run_ids[job.name] = run_id
     fleet = api.fleet_report(jobs.results, args.paths, args.hours, args.price_per_gpu_hour, written, run_ids)

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from gpuidle.errors import GpuidleError
-from gpuidle.jobs.executors import Progress, ordered
+from gpuidle.jobs.contract import Progress, ordered
 from gpuidle.jobs.rank import RankOutcome, analyze_file, failed
 
 CONNECT_TIMEOUT_S = 10.0

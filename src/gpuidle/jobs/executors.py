@@ -10,27 +10,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
+from gpuidle.jobs.contract import Executor, Progress, ordered
 from gpuidle.jobs.rank import RankOutcome, analyze_file, failed
-
-Progress = Callable[[str, int, int], None]
-"""``(what, done, total)``: bytes of one file, or files of a job."""
 
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 """Dask's own variable for the scheduler to use (``dask.config`` key ``scheduler-address``)."""
-
-
-class Executor(Protocol):
-    def run(self, files: Sequence[str], progress: Progress | None = None) -> list[RankOutcome]:
-        """Every rank of every file, sorted by file then rank."""
-
-
-def ordered(outcomes: list[RankOutcome]) -> list[RankOutcome]:
-    """The order both executors return: by file, then rank (unreadable files first of theirs)."""
-    return sorted(outcomes, key=lambda o: (o.path, o.analysis.report.rank if o.analysis else -1))
 
 
 class LocalPool:

@@ -23,7 +23,7 @@ HSDP's all-reduce across replicas is not handed to a custom hook: it is not time
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,9 +34,7 @@ from torch.utils import hooks
 
 from .clock import DeviceClock
 from .ddp import comm_times
-
-if TYPE_CHECKING:
-    from .core import StepTracker
+from .phases import CommTarget
 
 HOOK_NAME = "fully_shard"
 """The ``comm_hook`` an FSDP2 job's log records (its style is ``fsdp2``)."""
@@ -48,8 +46,8 @@ class CommSink:
 
     __slots__ = ("tracker",)
 
-    def __init__(self, tracker: StepTracker) -> None:
-        self.tracker: StepTracker | None = tracker
+    def __init__(self, tracker: CommTarget) -> None:
+        self.tracker: CommTarget | None = tracker
 
     def start(self, kind: str, nbytes: int) -> list[Any] | None:
         """A new entry ``[start marker, end marker, bytes, kind]`` in the open step; None after close."""

@@ -80,6 +80,13 @@ class PhaseTarget(Protocol):
     _open: OpenStep
 
 
+class CommTarget(Protocol):
+    """What the communication wrappers of a sharded model (:class:`~.fsdp.CommSink`) write to in their tracker."""
+
+    _comm_clock: DeviceClock
+    _open: OpenStep
+
+
 class Phase:
     """``with tracker.phase(name):`` — a plain class: cheaper than a generator context manager."""
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import deepspeed, fsdp
 from .clock import DeviceClock
 from .fsdp import CommSink
-
-if TYPE_CHECKING:
-    from .core import StepTracker
+from .phases import CommTarget
 
 Summary = Callable[[DeviceClock, list[list[Any]]], tuple[int, int, int, int]]
 """One step's entries in, ``(communication ns, exposed ns, collectives, bytes)`` out."""
@@ -37,7 +35,7 @@ def untimed(model: object) -> str:
             "(fully_shard) nor a DeepSpeed engine; data wait, phases and steps are timed")
 
 
-def watch(tracker: StepTracker, model: Any) -> Watched:
+def watch(tracker: CommTarget, model: Any) -> Watched:
     """Time what can be timed of ``model``'s communication, reporting to ``tracker``."""
     if deepspeed.is_engine(model):
         sink = CommSink(tracker)
