@@ -22,7 +22,7 @@ try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the older package name
     try:
-        from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
+        from pytorch_lightning.callbacks import Callback  # type: ignore[assignment, unused-ignore]  # where lightning is
     except ImportError:
         raise GpuidleError("the Lightning callback needs PyTorch Lightning",
                            "pip install 'gpuidle[lightning]'") from None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gpuidle.errors import CorruptInput, GpuidleError
-from gpuidle.model.cores import in_worker_process, usable_cores
+from gpuidle.model.cores import fork_hazard, in_worker_process, usable_cores
 from gpuidle.sources.inputs import is_url
 from gpuidle.sources.jsonstream import TraceStream
 from gpuidle.sources.kineto_columns import Columns
@@ -75,6 +75,8 @@ def read_workers(path: str) -> int:
             return 1
         workers = usable_cores()
     if workers > 1 and in_worker_process():  # a worker forking workers of its own could deadlock
+        return 1
+    if workers > 1 and not SCANNER_BUILT and fork_hazard():  # the decoders are forked processes: read here
         return 1
     return workers
 

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import jax
 import numpy as np
@@ -53,6 +53,12 @@ if TYPE_CHECKING:
     from gpuidle.model import AnalysisReport
 
 T = TypeVar("T")
+
+
+class _Ready(Protocol):
+    """A step's output leaf: a jax.Array, whose ``is_ready`` some JAX versions leave out of its type."""
+
+    def is_ready(self) -> bool: ...
 MIN_JAX = (0, 4, 30)
 CPU_ARRAY_NOTE = ("on JAX's CPU backend NumPy reads an array through its buffer, which no wrapper sees: syncs by "
                   "np.asarray(x) or np.array(x) (Keras's reads of the logs among them) are not timed, their idle is "
@@ -311,7 +317,7 @@ class StepTracker(TrackerBase):
         if leaf is None:
             rec.seen = now
             self._host_only += 1
-        elif leaf.is_ready():  # type: ignore[attr-defined]  # finished before the loop got here: at the end of its last sync, if any
+        elif cast(_Ready, leaf).is_ready():  # finished before the loop got here: at the end of its last sync, if any
             dispatch = rec.dispatch if rec.dispatch is not None else rec.data[-1][1] if rec.data else 0
             rec.seen = max((e for a, e in rec.syncs if a >= dispatch), default=now)
         else:
