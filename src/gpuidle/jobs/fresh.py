@@ -46,11 +46,14 @@ def _receive(stream: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
+def _worker_command() -> list[str]:
+    return [sys.executable, "-m", "gpuidle.jobs.fresh"]
+
+
 class _Worker:
     def __init__(self) -> None:
         env = os.environ | {WORKER_ENV: "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpuidle.jobs.fresh"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env)
+        self.proc = subprocess.Popen(_worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def analyze(self, path: str) -> list[RankOutcome]:
         """The file's outcomes; EOFError (or a broken pipe) where the worker died."""
