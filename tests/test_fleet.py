@@ -49,7 +49,7 @@ def _reference_row(report: AnalysisReport, hours: float) -> tuple[int, dict[str,
     for r in report.ranks:
         device = sorted(r.devices, key=lambda d: (-d.busy_s, d.device))[0]
         for c in shares:
-            shares[c] += device.idle_by_cause_s[c] / (device.window_s - device.startup_s) / len(report.ranks)
+            shares[c] += device.idle_by_cause_s[c] / device.window_s / len(report.ranks)
     return gpus, {c: gpus * hours * s for c, s in shares.items()}
 
 

@@ -74,7 +74,13 @@ def test_the_straggler_is_named_with_its_gain(report: AnalysisReport) -> None:
     own = {r.rank: float(np.mean([d - w for d, w, _ in _steady(r)])) for r in report.ranks}
     assert rec.gain.step_s_saved is not None
     assert rec.gain.step_s_saved <= max(own.values()) - min(own.values()) + 1e-9
-    assert rec.gain.step_s_saved == pytest.approx(max(own.values()) - own[0], rel=0.05)
+    # part by part, a part where rank 1 happened to be quicker is not taken back: the saving falls short of the
+    # own steps' difference by at most that noise, three standard errors of the per-step difference
+    by_step = [[d - w for d, w, _ in _steady(r)] for r in sorted(report.ranks, key=lambda r: r.rank)]
+    n = min(len(by_step[0]), len(by_step[1]))
+    diff = np.subtract(by_step[1][:n], by_step[0][:n])
+    noise = 3 * float(np.std(diff, ddof=1)) / np.sqrt(n)
+    assert max(own.values()) - own[0] - noise <= rec.gain.step_s_saved, (rec.gain.step_s_saved, own, noise)
     # rank 0 waits for rank 1's 10 ms in FSDP2's all-gathers: its straggler wait, not rank 1's
     waits = {r.rank: float(np.mean([w for _, w, _ in _steady(r)])) for r in report.ranks}
     assert 0.006 < waits[0] < 0.016

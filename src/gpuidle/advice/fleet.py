@@ -26,8 +26,8 @@ def fleet_job(name: str, path: str, report: AnalysisReport, hours: float = 1.0) 
     gpus = job_gpus(report)
     # shares of the time after start-up: a one-time cost (context creation, module loading) does not recur
     # per hour of training, and is in no cause
-    shares = {c.value: sum(d.idle_by_cause_s.get(c.value, 0.0) / (d.window_s - d.startup_s) for d in devices
-                           if d.window_s > d.startup_s) / len(devices) for c in CAUSES}
+    shares = {c.value: sum(d.idle_by_cause_s.get(c.value, 0.0) / d.window_s for d in devices if d.window_s > 0)
+              / len(devices) for c in CAUSES}
     by_cause = {c: gpus * hours * share for c, share in shares.items()}
     return FleetJob(
         name=name, path=path, gpus=gpus, utilization=sum(d.utilization for d in devices) / len(devices),

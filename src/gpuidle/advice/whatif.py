@@ -290,7 +290,7 @@ def _group(proposals: Sequence[Proposal], saved: dict[str, tuple[float, float, f
     """The fixes that carry their pools' gain, in rank order, and per fix the alternatives claiming its pools."""
     primaries: list[Proposal] = []
     alternatives: dict[str, list[Proposal]] = {}
-    for p in ranked(proposals, saved, step_s):
+    for p in _causes_before_symptoms(ranked(proposals, saved, step_s)):
         claim = _pools(p)
         owner = next((q for q in primaries if claim & _pools(q)), None) if _estimable(p) else None
         if owner is None:
@@ -298,6 +298,23 @@ def _group(proposals: Sequence[Proposal], saved: dict[str, tuple[float, float, f
         else:
             alternatives.setdefault(owner.rec.id, []).append(p)
     return primaries, alternatives
+
+
+def _causes_before_symptoms(order: list[Proposal]) -> list[Proposal]:
+    """``order`` with each straggler after the fix of the cause that makes it late (its data wait, its host
+    work) on that rank: the cause's fix owns the pool and the straggler is its alternative, whichever saves more
+    by a few noisy milliseconds (the lateness holds the cause and the jitter of a busy host)."""
+    out = list(order)
+    for p in order:
+        if p.rec.cause != Cause.STRAGGLER_WAIT.value:
+            continue
+        named = {(r, c) for r, e in p.effects.items() for c in e.pools}
+        cause = next((q for q in out if q.rec.cause != Cause.STRAGGLER_WAIT.value and _estimable(q)
+                      and _pools(q) & named), None)
+        if cause is not None and out.index(cause) > out.index(p):
+            out.remove(cause)
+            out.insert(out.index(p), cause)
+    return out
 
 
 def _with_alternatives(order: Sequence[Proposal], alternatives: dict[str, list[Proposal]]) -> list[Recommendation]:

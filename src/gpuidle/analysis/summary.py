@@ -70,7 +70,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     devices = [
         DeviceReport(
             device=d.device, name=tl.meta.device_names.get(d.device),
-            window_s=_s(d.window_ns), busy_s=_s(d.busy_ns), idle_s=_s(d.idle_ns),
+            window_s=_s(d.window_ns - d.startup_ns), busy_s=_s(d.busy_ns), idle_s=_s(d.idle_ns),
             utilization=d.busy_ns / (d.window_ns - d.startup_ns) if d.window_ns > d.startup_ns else 0.0,
             idle_by_cause_s={c.value: _s(v) for c, v in d.idle_by_cause().items()},
             active_s=_s(iv.total(d.active)),
@@ -147,7 +147,8 @@ def _steps_with_gpu_work(tl: Timeline, bounds: I64) -> np.ndarray:
 
 
 def startup_costs(tl: Timeline, startup: Startup, device: DeviceIdle) -> list[StartupCost]:
-    """Each start-up call once, with the device idle under it (a call nested in an earlier one adds none)."""
+    """Each start-up call once, with the device idle under it (a call nested in an earlier one adds none), the
+    costliest first."""
     seg_s, seg_e, cause = device.segments
     apart = (seg_s[cause == STARTUP_LABEL], seg_e[cause == STARTUP_LABEL])
     out = []
@@ -159,7 +160,7 @@ def startup_costs(tl: Timeline, startup: Startup, device: DeviceIdle) -> list[St
         claimed = max(claimed, e)
         out.append(StartupCost(kind=kind, name=label, start_s=_s(tl.host.start[row]),
                                dur_s=_s(tl.host.end[row] - tl.host.start[row]), idle_s=_s(under)))
-    return out
+    return sorted(out, key=lambda c: (-c.idle_s, c.start_s))  # what it cost the device first, as reports list it
 
 
 def python_hotspots(tl: Timeline, device: DeviceIdle) -> list[PythonHotspot]:

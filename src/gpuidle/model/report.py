@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .jsonio import JsonStruct
-from .timeline import CAUSES, I64, SCHEMA, SCHEMA_MINOR
+from .timeline import CAUSES, I64, SCHEMA, SCHEMA_MINOR, WINDOW_LESS_STARTUP
 
 # ----------------------------------------------------------------------------------
 # The report: typed, and serialised as-is to the versioned JSON schema.
@@ -37,6 +37,8 @@ class DeviceReport(msgspec.Struct):
     device: int
     name: str | None
     window_s: float
+    """The time analysed: the rank's window less its start-up (``startup_s``), so that
+    ``busy_s + idle_s = window_s`` and ``utilization = busy_s / window_s`` in every report and command."""
     busy_s: float
     """Union of compute kernels, copies and sets. Exposed collectives are idle."""
     idle_s: float
@@ -49,8 +51,8 @@ class DeviceReport(msgspec.Struct):
     timing: str = "device"
     """``device``: measured on the device; ``host``: host-timed steps (no device figures can be claimed)."""
     startup_s: float = 0.0
-    """Idle under one-time start-up costs (``RankReport.startup``): in the window, in no cause and no step;
-    ``busy_s + idle_s + startup_s = window_s``, and ``utilization`` is busy over the window less start-up."""
+    """Idle under one-time start-up costs (``RankReport.startup``): inside the rank's window
+    (``RankReport.window``) but outside ``window_s``, every cause and every step."""
     kernel_arch: str | None = None
     """The GPU family the kernel names were built for (``volta``, ``ampere``, ``hopper``, ``sm90``, ``gfx942``,
     ``cdna``), where they tell: the least the device can be."""
@@ -396,6 +398,14 @@ class AnalysisReport(JsonStruct, kw_only=True):
     combined: Combined | None = None
     include_warmup: bool = False
     """True: steps marked ``excluded`` still count in per-step figures and gains (``--include-warmup``)."""
+
+    def __post_init__(self) -> None:
+        """A report written before minor 8 held start-up inside ``window_s``: read with today's meaning."""
+        if self.schema_minor < WINDOW_LESS_STARTUP:
+            for rank in self.ranks:
+                for d in rank.devices:
+                    d.window_s = max(d.window_s - d.startup_s, 0.0)
+            self.schema_minor = SCHEMA_MINOR
 
 
 # ----------------------------------------------------------------------------------

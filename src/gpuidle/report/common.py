@@ -161,6 +161,16 @@ STARTUP_SHOWN = 8
 """Start-up costs a text report lists one by one; the rest are counted (all of them are in the JSON)."""
 
 
+def window_words(r: RankReport, sep: str = " · ") -> str:
+    """``gpu activity · 1 step(s) · 1,166.3 ms analysed (12,920.2 ms less 11,754.0 ms of start-up) · ...``: the
+    rank's window, and where start-up was set apart, the time the figures are over (``DeviceReport.window_s``)."""
+    w, d = r.window, r.primary()
+    length = (f"{ms(d.window_s)} analysed ({ms(w.dur_s)} less {ms(d.startup_s)} of start-up)" if d.startup_s > 0
+              else ms(w.dur_s))
+    source = "no step markers" if r.step_source == "none" else f"steps from {r.step_source}"
+    return sep.join([w.kind.replace("_", " "), f"{len(r.steps)} step(s)", length, source])
+
+
 def startup_head(r: RankReport) -> str | None:
     """``start-up cost (once, left out of per-step figures and gains): 11,754.0 ms of device idle``, or None
     without start-up costs: the device idle the analysis set apart under them (``DeviceReport.startup_s``)."""
@@ -170,8 +180,12 @@ def startup_head(r: RankReport) -> str | None:
 
 
 def startup_item(c: StartupCost) -> str:
-    """``6,008.7 ms cudaFree (context)``: one start-up call, its duration and kind."""
-    return f"{ms(c.dur_s)} {c.name} ({c.kind.replace('_', ' ')})"
+    """``6,008.7 ms cudaFree (context)``: one start-up call, its duration and kind, and the device idle it cost
+    inside the window where that is not all of it (a call that began before the window, or overlapped work)."""
+    kind = c.kind.replace("_", " ")
+    if c.idle_s < 0.99 * c.dur_s:
+        return f"{ms(c.dur_s)} {c.name} ({kind}; {ms(c.idle_s)} of device idle in the window)"
+    return f"{ms(c.dur_s)} {c.name} ({kind})"
 
 
 def startup_lines(r: RankReport) -> list[str]:

@@ -46,6 +46,7 @@ from gpuidle.report.common import (
     source_label,
     startup_head,
     startup_item,
+    window_words,
 )
 from gpuidle.report.compare_text import money
 from gpuidle.report.svg import (
@@ -201,9 +202,7 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
     body = [f"<header><h1>gpuidle · {n} rank{'s' if n != 1 else ''} · {esc(source_label(report.source))}</h1>"
             f'<div class="muted">{esc(", ".join(report.source.paths))}</div></header>',
             _headline(report, shown), _decision(report)]
-    w = shown.window
-    body.append(f'<section id="summary"><h2>Utilization</h2><p class="note">window: {esc(w.kind.replace("_", " "))}, '
-                f"{len(shown.steps)} step(s), {ms(w.dur_s)}; steps from {esc(shown.step_source)}"
+    body.append(f'<section id="summary"><h2>Utilization</h2><p class="note">window: {esc(window_words(shown, ", "))}'
                 + (f"; rank {shown.rank} has the lowest utilization of the job" if n > 1 else "") + "</p>"
                 + '<div class="grid">' + "".join(_device_card(shown, d) for d in shown.devices) + "</div>"
                 + "".join(cause_bar(d) for d in shown.devices) + legend() + _cause_table(shown.primary())

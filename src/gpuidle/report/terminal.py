@@ -38,6 +38,7 @@ from gpuidle.report.common import (
     startup_lines,
     step_rows,
     utilization_falls,
+    window_words,
 )
 
 CAUSE_STYLE = {
@@ -191,9 +192,7 @@ class TerminalRenderer:
         return buf.getvalue()
 
     def _rank(self, console: Console, r: RankReport, kept: bool = False) -> None:
-        w = r.window
-        console.print(Text(f"window: {w.kind.replace('_', ' ')} · {len(r.steps)} step(s) · {ms(w.dur_s)}"
-                           f" · steps from {r.step_source}", style="bright_black"))
+        console.print(Text(f"window: {window_words(r)}", style="bright_black"))
         for d in r.devices:
             console.print(_headline(r, d))
         console.print(_causes(r.primary()))
