@@ -2,7 +2,7 @@
 
 Every bundled trace with device activity, analysed once: its utilization as ``analyze --json`` gives it, as the
 ledger keeps it (``history --json``), as ``compare`` reads the written report and the recorded run, as the fleet
-table gives the job, and as the terminal and Markdown reports print it, all equal; each against busy over
+table gives the job, and as the terminal, HTML and Markdown reports print it, all equal; each against busy over
 busy + idle computed here from the report's own device, which must add up to its window.
 """
 
@@ -66,5 +66,10 @@ def test_every_command_shows_the_same_utilization(trace: Path, tmp_path: Path) -
     shown = f"device {device['device']}"
     terminal = gpuidle("analyze", str(trace), "--no-ledger", "--color", "never", ledger=ledger)
     assert printed_percent(terminal, re.escape(shown) + r".*?utilization") == pytest.approx(expected, abs=5e-4)
+    page = tmp_path / "report.html"
+    gpuidle("analyze", str(trace), "--no-ledger", "--html", str(page), ledger=ledger)
+    card = re.search(rf"GPU {device['device']}\b.*?<div class=\"big [^\"]*\">([0-9.]+) %</div>", page.read_text())
+    assert card is not None
+    assert float(card.group(1)) / 100 == pytest.approx(expected, abs=5e-4)
     markdown = gpuidle("analyze", str(trace), "--no-ledger", "--format", "md", ledger=ledger)
     assert printed_percent(markdown, re.escape(shown) + r": utilization") == pytest.approx(expected, abs=5e-4)
