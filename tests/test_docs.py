@@ -101,7 +101,7 @@ def test_the_pages_commands_and_code_run(page: Path, tmp_path: Path) -> None:
 def test_the_readme_excerpt_is_what_the_quickstart_prints() -> None:
     section = README.split("## What it prints", 1)[1].split("\n## ", 1)[0]
     (excerpt,) = re.findall(r"```text\n(.*?)```", section, re.S)
-    env = dict(os.environ, NO_COLOR="1", PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ, NO_COLOR="1", PYTHONPATH=str(ROOT / "src"), COLUMNS="100")  # as the excerpt was laid out
     proc = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", "examples/ddp_a100_rank0.pt.trace.json.gz",
                            "--no-ledger"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     printed = [line.rstrip() for line in proc.stdout.splitlines()]

@@ -310,8 +310,8 @@ def test_the_page_leads_with_the_decision(chromium: Chromium, tmp_path: Path) ->
     both = report.combined
     assert both is not None
     plan = js(session, "document.querySelector('#combined').textContent")
-    assert plan == combined_text(both)
-    assert plan.startswith(f"all {len(both.fixes)} fixes together: {ms(both.step_s_before)} → "
+    assert plan == combined_text(both, {r.id for r in report.recommendations})
+    assert plan.startswith(f"all {len(both.fixes)} fixes above together: {ms(both.step_s_before)} → "
                            f"{ms(both.step_s_after)}/step (saves {ms(both.step_s_saved)}")
 
 

@@ -333,3 +333,14 @@ def test_tensor_parallel_inference_gets_no_gradient_fixes(tmp_path: Path, traini
         assert "tensor parallel (inference" in text_of(report)
         assert "data parallel" not in text_of(report)
         assert not re.search(r"gradient|optimizer|no_sync|comm_hook", text_of(report), re.IGNORECASE)
+
+
+def test_the_causes_mean_in_the_docs_what_the_reports_say() -> None:
+    """The one-line meanings the reports print are the docs' table, word for word, one for every cause."""
+    from gpuidle.model import CAUSES
+    from gpuidle.report.common import CAUSE_MEANING
+
+    page = (Path(__file__).parent.parent / "docs" / "numbers.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", page, re.M))
+    assert list(CAUSE_MEANING) == [c.value for c in CAUSES]
+    assert {c: rows[c] for c in CAUSE_MEANING} == CAUSE_MEANING

@@ -18,7 +18,7 @@ from gpuidle.cli.common import (
     record_analysis,
     refuse_conflicting_formats,
     refuse_overwriting_inputs,
-    use_color,
+    render_options,
     warn,
 )
 from gpuidle.errors import GpuidleError
@@ -136,7 +136,7 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
     refuse_overwriting_inputs(api.analysis_inputs(report), outputs)  # the traces found in a folder
     if args.price_per_gpu_hour is not None:
         report = api.with_cost(report, args.price_per_gpu_hour, args.hours)
-    options = RenderOptions(top=args.top, color=use_color(args, args.out is None and sys.stdout.isatty()))
+    options = render_options(args, args.out is None and sys.stdout.isatty(), top=args.top)
     pages = [args.html] if args.html else []
     if fmt == "html":
         pages.insert(0, args.out)

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -16,6 +17,7 @@ from gpuidle.report.text import printable
 if TYPE_CHECKING:
     from gpuidle.ledger import Facts
     from gpuidle.model import AnalysisReport
+    from gpuidle.report.common import RenderOptions
 
 
 COLOR_CHOICES = ("auto", "always", "never")
@@ -30,10 +32,10 @@ class _HelpFormatter(argparse.HelpFormatter):
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                  width: int | None = None) -> None:
-        super().__init__(prog, indent_increment, max_help_position, _terminal_columns() - 2 if width is None else width)
+        super().__init__(prog, indent_increment, max_help_position, terminal_columns() - 2 if width is None else width)
 
 
-def _terminal_columns() -> int:
+def terminal_columns() -> int:
     """``shutil.get_terminal_size().columns``: ``COLUMNS`` if set, else the terminal's, else 80."""
     try:
         return int(os.environ["COLUMNS"])
@@ -100,6 +102,15 @@ def fraction(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{value} is outside 0..1 (give 0.55 for 55 %)")
     return value
+
+
+def render_options(args: argparse.Namespace, to_tty: bool, top: int | None = None) -> RenderOptions:
+    """How a command's report is laid out: its colour, and the terminal's width (``COLUMNS``, else the terminal's,
+    else 80, as rich takes it), so that no line is longer than the screen it is read on."""
+    from gpuidle.report.common import RenderOptions
+
+    options = RenderOptions(color=use_color(args, to_tty), width=terminal_columns())
+    return options if top is None else replace(options, top=top)
 
 
 def use_color(args: argparse.Namespace, to_tty: bool) -> bool:

@@ -20,10 +20,10 @@ from gpuidle.cli.common import (
     positive_float,
     positive_int,
     refuse_overwriting_inputs,
-    use_color,
+    render_options,
 )
 from gpuidle.report import html
-from gpuidle.report.common import RenderOptions, ms, pct
+from gpuidle.report.common import ms, pct
 from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for
 from gpuidle.report.text import printable
 
@@ -117,7 +117,7 @@ def run_compare(args: argparse.Namespace) -> int:
                                                  price_per_gpu_hour=args.price, steps=args.steps)
     renderer = compare_renderer_for("json" if args.json else args.format, args.out)()
     to_tty = args.out is None and sys.stdout.isatty()
-    emit(renderer.render(comparison, RenderOptions(color=use_color(args, to_tty))), args.out)
+    emit(renderer.render(comparison, render_options(args, to_tty)), args.out)
     if args.html:
         emit(html.render_comparison(comparison, before, after), args.html)
     return 0

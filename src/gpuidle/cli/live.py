@@ -23,7 +23,7 @@ from gpuidle.cli.common import (
     positive_int,
     record_run,
     refuse_overwriting_inputs,
-    use_color,
+    render_options,
     warn,
 )
 from gpuidle.errors import GpuidleError
@@ -43,7 +43,6 @@ from gpuidle.live.monitor import (
 from gpuidle.live.view import TerminalStatus
 from gpuidle.live.wrap import CommandCannotStart, DeviceUse, Runner, run_monitored
 from gpuidle.model import HostSample, MonitorEnd, MonitorHeader, UtilizationReport
-from gpuidle.report.common import RenderOptions
 from gpuidle.report.utilization import UTIL_RENDERERS, live_line_compact, live_lines, util_renderer_for
 
 GPU_BACKEND: Callable[[], GpuBackend] = nvml_backend
@@ -166,7 +165,7 @@ def _render(report: UtilizationReport, args: argparse.Namespace, out: str | None
     renderer = util_renderer_for(fmt, out)()
     stream = sys.stderr if to_stderr else sys.stdout
     to_tty = out is None and stream.isatty()
-    text = renderer.render(report, RenderOptions(top=args.top, color=use_color(args, to_tty)))
+    text = renderer.render(report, render_options(args, to_tty, top=args.top))
     if out is None and to_stderr:
         stream.write(text)
     else:

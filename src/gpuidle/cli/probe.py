@@ -29,13 +29,12 @@ from gpuidle.cli.common import (
     positive_int,
     record_run,
     refuse_overwriting_inputs,
-    use_color,
+    render_options,
     warn,
 )
 from gpuidle.errors import GpuidleError
 from gpuidle.ledger import Facts
 from gpuidle.model import CalcLine
-from gpuidle.report.common import RenderOptions
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -186,7 +185,7 @@ def _print(result: msgspec.Struct, args: argparse.Namespace) -> int:
 
     to_file_json = bool(args.out and args.out.endswith(".json"))
     fmt = "json" if args.json or to_file_json else "terminal"
-    emit(render(result, RenderOptions(color=use_color(args, args.out is None and sys.stdout.isatty())), fmt), args.out)
+    emit(render(result, render_options(args, args.out is None and sys.stdout.isatty()), fmt), args.out)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,6 +26,18 @@ class RenderOptions:
     color: bool = False
     width: int = 110
 
+
+CAUSE_MEANING = {
+    "data_loading": "waiting for the next batch (inside the data loader's __next__)",
+    "host_sync": "the host waited on the GPU (.item(), .cpu(), a synchronize)",
+    "launch_overhead": "the host launching work: framework dispatch, launch calls",
+    "cpu_compute": "host code that launches nothing (Python, pre/post-processing)",
+    "memcpy": "inside a blocking host-to-device copy call",
+    "communication": "a collective ran or waited, with no compute beside it",
+    "straggler_wait": "a collective waited for the last rank to arrive",
+    "unattributed": "no host event explains the gap: record CPU activity",
+}
+"""Each idle cause in one line, where a report first shows it; docs/numbers.md holds the same table."""
 
 FRAMEWORK_NAMES = {"pytorch": "PyTorch", "cuda": "CUDA application", "keras": "Keras on JAX"}
 
@@ -122,9 +135,15 @@ def gain_text(rec: Recommendation) -> str:
     return text + assumed
 
 
-def together(c: Combined) -> str:
-    """``all 3 fixes together`` or, for one, ``the one fix``."""
-    return f"all {len(c.fixes)} fixes together" if len(c.fixes) != 1 else "the one fix"
+def together(c: Combined, listed: Collection[str]) -> str:
+    """``all 3 fixes above together``, ``the fix above``, or where the report lists only some of them (``listed``:
+    the ids it shows), how many and where the rest are: a count never says more than the report shows."""
+    n, shown = len(c.fixes), sum(f in listed for f in c.fixes)
+    head = "the one fix" if n == 1 else f"all {n} fixes together"
+    if shown == n:
+        return "the fix above" if n == 1 else f"all {n} fixes above together"
+    where = "not listed above" if shown == 0 else f"{shown} of them listed above"
+    return f"{head} ({where}; every fix: --top N or --format json)"
 
 
 def combined_saved(c: Combined) -> str:
@@ -136,9 +155,9 @@ def combined_saved(c: Combined) -> str:
     return f"{ms(c.step_s_saved)}, {ms_range(low, high)} with the modelled ranges"
 
 
-def combined_text(c: Combined) -> str:
+def combined_text(c: Combined, listed: Collection[str]) -> str:
     """Every fix that is not an alternative, applied together: the plan's step time and what limits it then."""
-    return (f"{together(c)}: {ms(c.step_s_before)} → {ms(c.step_s_after)}/step "
+    return (f"{together(c, listed)}: {ms(c.step_s_before)} → {ms(c.step_s_after)}/step "
             f"(saves {combined_saved(c)}), utilization {pct(c.utilization_after)}; then {c.limit}")
 
 

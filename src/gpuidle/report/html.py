@@ -35,6 +35,7 @@ from gpuidle.model import (
 )
 from gpuidle.probes.common import human_bytes
 from gpuidle.report.common import (
+    CAUSE_MEANING,
     DEFAULT_OPTIONS,
     STARTUP_SHOWN,
     RenderOptions,
@@ -79,7 +80,8 @@ def _device_card(r: RankReport, d: DeviceReport) -> str:
 
 def _cause_table(d: DeviceReport) -> str:
     rows = "".join(
-        f'<tr><td><i class="chip" style="background:{CAUSE_COLOR[c.value]}">&nbsp;</i>{c.value}</td>'
+        f'<tr title="{esc(CAUSE_MEANING[c.value])}"><td><i class="chip" style="background:{CAUSE_COLOR[c.value]}">'
+        f'&nbsp;</i>{c.value}<div class="muted">{esc(CAUSE_MEANING[c.value])}</div></td>'
         f'<td class="num">{ms(d.idle_by_cause_s[c.value])}</td>'
         f'<td class="num">{pct(d.idle_by_cause_s[c.value] / d.window_s if d.window_s else 0.0)}</td></tr>'
         for c in CAUSES if d.idle_by_cause_s.get(c.value, 0.0) > 0)
@@ -184,7 +186,7 @@ def _decision(report: AnalysisReport) -> str:
     recs = report.recommendations
     cards = "".join(recommendation_card(i, r) for i, r in enumerate(recs, 1))
     both = report.combined
-    plan = (f'<p id="combined" class="combined"><b>{esc(combined_text(both))}</b></p>'
+    plan = (f'<p id="combined" class="combined"><b>{esc(combined_text(both, {r.id for r in recs}))}</b></p>'
             if both is not None and both.fixes else "")
     return ('<section id="recommendations"><h2>What to change first</h2>'
             + (cards + plan or "<p>No idle cause above its threshold: nothing stands out.</p>") + "</section>")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuidle.model import CAUSES, AnalysisReport, RankReport
 from gpuidle.report.common import (
+    CAUSE_MEANING,
     DEFAULT_OPTIONS,
     TARGET_UTILIZATION,
     RenderOptions,
@@ -19,6 +20,7 @@ from gpuidle.report.common import (
     startup_lines,
     step_rows,
     together,
+    window_words,
 )
 
 
@@ -60,7 +62,8 @@ class MarkdownRenderer:
             lines += [f"> {n}" for n in report.cost.notes] + [""]
         lines += ["### Top fixes", ""]
         i = 0
-        for rec in shown_recommendations(report.recommendations, options.top):
+        listed = shown_recommendations(report.recommendations, options.top)
+        for rec in listed:
             if rec.alternative_to is None:
                 i += 1
                 lines.append(f"{i}. **{rec.title}** — {gain_text(rec)} ({rec.confidence} confidence)")
@@ -70,7 +73,8 @@ class MarkdownRenderer:
             lines += ["", "   ```python"] + [f"   {x}" for x in rec.fix.splitlines()] + ["   ```", ""]
         both = report.combined
         if both is not None and both.fixes:
-            lines += [f"{together(both).capitalize()}: {ms(both.step_s_before)} → {ms(both.step_s_after)}"
+            words = together(both, {r.id for r in listed})
+            lines += [f"{words[0].upper()}{words[1:]}: {ms(both.step_s_before)} → {ms(both.step_s_after)}"
                       f"/step (saves {combined_saved(both)}), utilization {pct(both.utilization_after)}; "
                       f"then {both.limit}.", ""]
         if not report.recommendations:
@@ -81,12 +85,12 @@ class MarkdownRenderer:
         d = r.primary()
         mark = "✅" if d.utilization >= TARGET_UTILIZATION else "⚠️"
         out = [f"### Rank {r.rank}, device {d.device}: utilization {pct(d.utilization)} {mark}", "",
-               f"Window: {r.window.kind.replace('_', ' ')}, {len(r.steps)} step(s), {ms(r.window.dur_s)}; "
-               f"idle {ms(d.idle_s)}.", ""]
+               f"Window: {window_words(r, ', ')}; idle {ms(d.idle_s)}.", ""]
+        shown = [c.value for c in CAUSES if d.idle_by_cause_s[c.value] > 0]
         out += _table(["idle cause", "time", "of window"],
-                      [[c.value, ms(d.idle_by_cause_s[c.value]), pct(d.idle_by_cause_s[c.value] / d.window_s)]
-                       for c in CAUSES if d.idle_by_cause_s[c.value] > 0])
-        out.append("")
+                      [[f"{c}[^{c}-{r.rank}]", ms(d.idle_by_cause_s[c]), pct(d.idle_by_cause_s[c] / d.window_s)]
+                       for c in shown])
+        out += [""] + [f"[^{c}-{r.rank}]: {CAUSE_MEANING[c]}." for c in shown] + [""]
         if len(r.steps) > 1:
             out += _table(["step", "duration", "busy", "idle", "top cause"], [list(x) for x in step_rows(r)])
             out.append("")

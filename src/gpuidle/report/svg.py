@@ -18,7 +18,7 @@ from gpuidle.model import (
     IdleTimeline,
     RankReport,
 )
-from gpuidle.report.common import TARGET_UTILIZATION, ms, pct
+from gpuidle.report.common import CAUSE_MEANING, TARGET_UTILIZATION, ms, pct
 from gpuidle.report.text import printable
 
 CAUSE_COLOR = {
@@ -94,7 +94,8 @@ def tooltip(text: str) -> str:
 
 def legend(with_busy: bool = True) -> str:
     items = ([f'<span><i style="background:{BUSY_COLOR}"></i>busy</span>'] if with_busy else []) + [
-        f'<span><i style="background:{CAUSE_COLOR[c.value]}"></i>{c.value}</span>' for c in CAUSES]
+        f'<span title="{html.escape(CAUSE_MEANING[c.value])}"><i style="background:{CAUSE_COLOR[c.value]}"></i>'
+        f'{c.value}</span>' for c in CAUSES]
     return '<div class="legend">' + "".join(items) + "</div>"
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -21,6 +23,7 @@ from gpuidle.model import (
     Recommendation,
 )
 from gpuidle.report.common import (
+    CAUSE_MEANING,
     DEFAULT_OPTIONS,
     MANY_STEPS,
     TARGET_UTILIZATION,
@@ -82,6 +85,12 @@ def _causes(d: DeviceReport) -> Table:
     return t
 
 
+def _meanings(d: DeviceReport) -> Text:
+    """What each cause in the table means, in one dim line apiece."""
+    shown = [c.value for c in CAUSES if d.idle_by_cause_s[c.value] > 0]
+    return Text("\n".join(f"  {c}: {CAUSE_MEANING[c]}" for c in shown), style="bright_black")
+
+
 def _steps(r: RankReport) -> Table:
     t = Table(box=None, header_style="bold", pad_edge=False, title_justify="left")
     for col in ("step", "duration", "busy", "idle", "top cause"):
@@ -130,19 +139,21 @@ def _job(job: JobReport) -> RenderableType:
 
 
 def _recommendation(i: int | None, rec: Recommendation) -> RenderableType:
-    indent = "   " if i is not None else "      "
+    """The title, then under it, indented (wrapped lines too): its confidence and cause, the gain, the evidence,
+    the fix. The confidence has a line of its own, so no width breaks it in two."""
+    indent = 3 if i is not None else 6
     head = Text(f"{i}. {rec.title}" if i is not None else f"   or: {rec.title}", style="bold")
     good = rec.gain.step_s_saved is not None and rec.alternative_to is None and not utilization_falls(rec.gain)
-    gain = Text(f"{indent}{gain_text(rec)}  [{rec.confidence} confidence · {rec.cause}"
-                + (f" · rank {rec.rank}" if rec.rank is not None else "") + "]",
-                style="green" if good else "yellow")
-    ev = Text(f"{indent}evidence: " + ", ".join(f"{k}={v}" for k, v in rec.evidence.items()), style="bright_black")
-    fix = Text("\n".join(indent + "  " + line for line in rec.fix.splitlines()), style="cyan")
-    return Group(head, gain, ev, fix)
+    tag = Text(f"{rec.confidence} confidence · {rec.cause}" + (f" · rank {rec.rank}" if rec.rank is not None else ""),
+               style="bright_black")
+    gain = Text(gain_text(rec), style="green" if good else "yellow")
+    ev = Text("evidence: " + ", ".join(f"{k}={v}" for k, v in rec.evidence.items()), style="bright_black")
+    fix = Text("\n".join("  " + line for line in rec.fix.splitlines()), style="cyan")
+    return Group(head, Padding(Group(tag, gain, ev, fix), (0, 0, 0, indent), expand=False))
 
 
-def _combined(c: Combined) -> Text:
-    return Text(combined_text(c), style="bold")
+def _combined(c: Combined, listed: list[Recommendation]) -> Text:
+    return Text(combined_text(c, {r.id for r in listed}), style="bold")
 
 
 def _cost(cost: CostResult) -> RenderableType:
@@ -154,6 +165,14 @@ def _cost(cost: CostResult) -> RenderableType:
         t.add_row(line.name.replace("_", " "), line.shown, Text(line.worked, style="bright_black"))
     notes = [Text(f"note: {n}", style="bright_black") for n in cost.notes]
     return Group(t, *notes)
+
+
+_TRAILING_SPACES = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$", re.M)
+
+
+def _without_trailing_spaces(text: str) -> str:
+    """rich pads an indented block to its width; the padding is kept out of what is copied or piped."""
+    return _TRAILING_SPACES.sub(r"\1", text)
 
 
 class TerminalRenderer:
@@ -185,17 +204,18 @@ class TerminalRenderer:
                 i += 1
             console.print(_recommendation(i if rec.alternative_to is None else None, rec))
         if report.combined is not None and report.combined.fixes:
-            console.print(_combined(report.combined))
+            console.print(_combined(report.combined, recs))
         if len(report.recommendations) > len(recs):
             console.print(Text(f"(+{len(report.recommendations) - len(recs)} more: --top N or --format json)",
                                style="bright_black"))
-        return buf.getvalue()
+        return _without_trailing_spaces(buf.getvalue())
 
     def _rank(self, console: Console, r: RankReport, kept: bool = False) -> None:
         console.print(Text(f"window: {window_words(r)}", style="bright_black"))
         for d in r.devices:
             console.print(_headline(r, d))
         console.print(_causes(r.primary()))
+        console.print(_meanings(r.primary()))
         if len(r.steps) > 1:
             console.print(_steps(r))
         for line in excluded_lines(r, kept):
