@@ -194,7 +194,12 @@ def test_a_trace_that_kills_its_workers_is_given_up(job: Path) -> None:
     assert sorted(o.analysis.report.rank for o in outcomes if o.analysis is not None) == [0, 1]
 
 
-def test_unreachable_scheduler_is_one_error() -> None:
+def test_unreachable_scheduler_is_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the port gives no answer at once (a host that drops the connection), Dask's own timeout decides: the
+    first look is skipped here so that the local refusal reaches Dask."""
+    from gpuidle.jobs import cluster
+
+    monkeypatch.setattr(cluster, "_refused", lambda address: None)
     with pytest.raises(GpuidleError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:\d+ within 1 s"):
         DaskCluster(f"tcp://127.0.0.1:{free_port()}", connect_timeout_s=1.0).run([str(PAIR[0])])
 
@@ -229,3 +234,19 @@ def test_a_bad_input_is_refused_the_same_way(cluster: Any, tmp_path: Path) -> No
     with pytest.raises(GpuidleError, match="no such file") as missing:
         api.analyze([tmp_path / "nothing"], scheduler=cluster.scheduler_address)
     assert "Dask" not in str(missing.value)  # refused on the client, before any task
+
+
+def test_a_refused_connection_is_told_at_once_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing listens at the port: the error comes from one look at it, before Dask would retry for its whole
+    timeout (14 s by default); an unknown host likewise."""
+    import distributed
+
+    def no_client(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Dask's client was started for an address that refused")
+
+    monkeypatch.setattr(distributed, "Client", no_client)
+    for address, why in ((f"tcp://127.0.0.1:{free_port()}", "connection refused"),
+                         (f"127.0.0.1:{free_port()}", "connection refused"),
+                         ("tcp://no-such-host.invalid:8786", "unknown host")):
+        with pytest.raises(GpuidleError, match=why):
+            DaskCluster(address, connect_timeout_s=30.0).run([str(PAIR[0])])

@@ -27,6 +27,8 @@ CONNECT_TIMEOUT_S = 10.0
 """How long the client tries to reach the scheduler before saying it cannot."""
 NO_WORKER_TIMEOUT_S = 60.0
 """How long the client waits for a cluster without workers (none yet, or all gone) before giving up."""
+PROBE_S = 1.0
+"""How long the first look at a scheduler's port may take before Dask's own connection (and timeout) takes over."""
 POLL_S = 1.0
 """How often the client looks at the cluster while no result arrives."""
 
@@ -69,6 +71,11 @@ class DaskCluster:
         except ImportError:
             raise GpuidleError("running on a Dask cluster needs distributed, which is not installed",
                                _INSTALL) from None
+        refused = _refused(self.address)
+        if refused is not None:  # Dask would retry a refused connection until its timeout
+            raise GpuidleError(f"cannot reach the Dask scheduler at {self.address}: {refused}",
+                               "start it (dask scheduler) or give its address with --scheduler or "
+                               "DASK_SCHEDULER_ADDRESS")
         try:
             client = Client(self.address, timeout=self.connect_timeout_s, set_as_default=False)  # type: ignore[no-untyped-call]
         except (OSError, TimeoutError, ValueError) as err:
@@ -151,3 +158,27 @@ def _quiet_logs() -> Iterator[None]:
         yield
     finally:
         log.setLevel(level)
+
+
+def _refused(address: str) -> str | None:
+    """Why nothing listens at a TCP scheduler address (``tcp://`` or ``tls://``, or a bare host:port), said at
+    once; None where something answers, the host does not (Dask's own timeout then applies), or the address
+    is of another kind."""
+    import socket
+
+    scheme, _, rest = address.rpartition("://")
+    if scheme not in ("", "tcp", "tls"):
+        return None
+    host, _, port = rest.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROBE_S):
+            return None
+    except ConnectionRefusedError:
+        return "connection refused (nothing listens there)"
+    except socket.gaierror as err:
+        return f"unknown host {host!r} ({err.strerror})"
+    except OSError:  # unreachable or slow: Dask's own timeout and message
+        return None
