@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -213,3 +215,23 @@ def test_overlap_ratio_is_htas_kernel_only() -> None:
     assert c.overlap_ratio_with_copies is not None
     assert c.exposed_s == pytest.approx(c.comm_s * (1 - c.overlap_ratio_with_copies), abs=1e-9)
     assert c.overlap_ratio <= c.overlap_ratio_with_copies
+
+
+def test_runs_of_the_same_rank_keep_the_newest_with_one_line(tmp_path: Path) -> None:
+    """A log folder keeping every run of one worker (tensorboard_trace_handler names them by time): the run
+    analysed is the newest by its trace's own clock, whatever the names' order; one warning says so."""
+    doc = json.loads(gzip.decompress((DATA / "trace_compare__base__base.json.gz").read_bytes()))
+    shifts = {"worker0.b.pt.trace.json": 3_000_000, "worker0.c.pt.trace.json": 1_000_000,
+              "worker0.a.pt.trace.json": 9_000_000, "worker0.d.pt.trace.json": 5_000_000}
+    for name, shift in shifts.items():
+        moved = [dict(e, ts=e["ts"] + shift) if isinstance(e.get("ts"), int | float) else e
+                 for e in doc["traceEvents"]]
+        (tmp_path / name).write_text(json.dumps(dict(doc, traceEvents=moved)))
+    said: list[str] = []
+    report = analyze([tmp_path], workers=1, warn=said.append)
+    (rank,) = report.ranks
+    assert rank.path == str(tmp_path / "worker0.a.pt.trace.json")
+    (line,) = said
+    assert "is in 4 files" in line
+    assert "worker0.a.pt.trace.json" in line
+    assert "other 3 left out" in line

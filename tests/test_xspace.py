@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import shutil
 import subprocess
@@ -377,3 +378,17 @@ def test_jax_json_of_the_gpu_profile_gives_the_same_report(tmp_path: Path) -> No
         for cause, seconds in da.idle_by_cause_s.items():
             assert db.idle_by_cause_s[cause] == pytest.approx(seconds, abs=1e-9), cause
     assert [r.id for r in b.recommendations] == [r.id for r in a.recommendations]
+
+
+def test_a_bad_profile_among_kineto_ranks_is_skipped_like_any_bad_file(tmp_path: Path) -> None:
+    """A folder of PyTorch ranks with a damaged .xplane.pb beside them: the ranks are analysed, the profile is
+    skipped with one warning naming it once (exit 1), as a damaged .json or .sqlite there would be."""
+    for name in ("trace_filter__sampled_rank-0.json.gz", "trace_filter__sampled_rank-1.json.gz"):
+        shutil.copy(DATA / name, tmp_path / name)
+    (tmp_path / "worker.xplane.pb").write_bytes(b"not a protobuf at all")
+    proc = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(tmp_path), "--no-ledger", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"gpuidle: warning: skipped {tmp_path / 'worker.xplane.pb'}: not a readable XSpace")
+    assert [r["rank"] for r in json.loads(proc.stdout)["ranks"]] == [0, 1]

@@ -47,6 +47,8 @@ class RankAnalysis(msgspec.Struct, frozen=True):
     exposed_comm: tuple[I64, I64, np.ndarray]
     """Idle segments of the primary device charged to communication: ``(start, end, step index)``."""
     accumulation_repeats: int
+    started_ns: int = 0
+    """The trace's earliest timestamp, as the profiler wrote it: which of two runs of one rank is the newer."""
 
 
 def _s(ns: float) -> float:
@@ -115,7 +117,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     return RankAnalysis(
         report=report, primary_device=primary.device, step_numbers=window.steps.number,
         collectives=coll, exposed_comm=(seg_s[exposed], seg_e[exposed], step_of),
-        accumulation_repeats=_accumulation_repeats(coll, on_primary),
+        accumulation_repeats=_accumulation_repeats(coll, on_primary), started_ns=tl.meta.t0_ns,
     )
 
 

@@ -26,7 +26,7 @@ def merge_job(
     :raises GpuidleError: no rank could be read (alone, the file's own error).
     """
     good = [o for o in outcomes if o.analysis is not None]
-    skipped = [f"{o.path}: {o.error}" for o in outcomes if o.error is not None]
+    skipped = [_named(o.path, o.error) for o in outcomes if o.error is not None]
     if not good:
         if len(outcomes) == 1 and outcomes[0].error is not None:
             raise GpuidleError(outcomes[0].error or "unreadable trace")
@@ -55,6 +55,11 @@ def merge_job(
     )
 
 
+def _named(path: str, error: str) -> str:
+    """``path: error``, the path said once: a reader's error names its file already."""
+    return error if error.startswith(path) else f"{path}: {error}"
+
+
 def _one(values: set[str | None]) -> str | None:
     """The one value of a job's files, or their sorted list joined by ``+`` when they differ."""
     known = sorted(v for v in values if v)
@@ -64,15 +69,20 @@ def _one(values: set[str | None]) -> str | None:
 def _dedupe_ranks(
     analyses: list[RankAnalysis], warn: Callable[[str], None] | None,
 ) -> tuple[list[RankAnalysis], list[int]]:
-    """Keep the first file of each rank; report the rank numbers seen twice."""
-    seen: dict[int, RankAnalysis] = {}
-    duplicates: list[int] = []
+    """One file per rank: where several hold the same rank (a log folder keeping every run of a worker), the
+    newest run, by the time its trace begins; one line says which was taken and how many were left out."""
+    by_rank: dict[int, list[RankAnalysis]] = {}
     for a in analyses:
-        r = a.report.rank
-        if r in seen:
-            duplicates.append(r)
+        by_rank.setdefault(a.report.rank, []).append(a)
+    kept: list[RankAnalysis] = []
+    duplicates: list[int] = []
+    for rank in sorted(by_rank):
+        runs = by_rank[rank]
+        newest = max(runs, key=lambda a: (a.started_ns, a.report.path))
+        kept.append(newest)
+        if len(runs) > 1:
+            duplicates.append(rank)
             if warn:
-                warn(f"rank {r} appears twice ({seen[r].report.path}, {a.report.path}): the second is ignored")
-            continue
-        seen[r] = a
-    return list(seen.values()), sorted(set(duplicates))
+                warn(f"rank {rank} is in {len(runs)} files (runs of the same rank): the newest, {newest.report.path}, "
+                     f"is analysed and the other {len(runs) - 1} left out (give one file to analyse another run)")
+    return kept, duplicates

@@ -25,15 +25,28 @@ def find_trace_files(path: str | Path) -> list[str]:
     local path that is neither a regular file nor a folder (a FIFO, a device), or that cannot be
     read, is a one-line error; inside a folder only regular files are taken.
     """
+    what = "trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, *.xplane.pb)"
     if not inputs.is_url(path):
         try:
             profiles = xspace_files.find_profiles(Path(path)) if Path(path).is_dir() else []
         except OSError:
             profiles = []  # listing it below says why it cannot be read
-        if profiles:
-            return profiles
-    return inputs.list_files(path, TRACE_SUFFIXES,
-                             "trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, *.xplane.pb)")
+        if profiles and Path(profiles[0]).parent != Path(path):
+            return profiles  # a log dir's newest run
+        if profiles:  # beside them, xprof's JSON of each host is the same profile; any other trace is a rank too
+            hosts = {Path(p).name[: -len(xspace_files.PB_SUFFIX)] for p in profiles}
+            return [f for f in inputs.list_files(path, TRACE_SUFFIXES, what)
+                    if f in profiles or _stem(f) not in hosts]
+    return inputs.list_files(path, TRACE_SUFFIXES, what)
+
+
+def _stem(path: str) -> str:
+    """``host1.trace.json.gz`` -> ``host1``: the name xprof gives the JSON it writes beside ``host1.xplane.pb``."""
+    name = Path(path).name
+    for suffix in (".trace.json.gz", ".trace.json", ".json.gz", ".json"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def input_size(path: str | Path) -> int:
