@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from conftest import DATA
 from gpuidle.cli import live as cli_live
 from gpuidle.cli import main
 from gpuidle.ledger import Ledger, LedgerError, Run
@@ -130,3 +131,15 @@ def test_a_ledger_that_cannot_be_written_is_one_warning(tmp_path: Path, capsys: 
     assert out.err.startswith("gpuidle: warning: the run was not recorded in the ledger: ")
     assert out.err.count("\n") == 1
     assert not_a_ledger.read_text().startswith("not a database")
+
+
+def test_the_files_written_and_the_run_are_said_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    ledger = tmp_path / "l.sqlite"
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["analyze", str(DATA / "trace_compare__base__base.json.gz"), "--json", "--out", str(out),
+                 "--html", str(page), "--ledger", str(ledger)]) == 0
+    assert capsys.readouterr().err == f"gpuidle: wrote {out}, {page}; recorded as run 1\n"
+    assert out.exists()
+    assert page.exists()

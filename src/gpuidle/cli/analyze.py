@@ -144,7 +144,6 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
         from gpuidle.report.registry import renderer_class
 
         emit(renderer_class(fmt)().render(report, options), args.out)
-    record_analysis(args, report, args.label)
     if pages or args.annotate:
         timeline = api.timeline_for(report, analyses=analyses)
         if timeline.note:
@@ -159,4 +158,5 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
                 emit(page, out)
         if args.annotate:
             api.annotate_trace(timeline.path, args.annotate, timeline)
+    record_analysis(args, report, args.label)
     return 1 if report.source.skipped else 0

@@ -184,6 +184,10 @@ def ledger_path(args: argparse.Namespace) -> Path | None:
     return Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
 
 
+WRITTEN = ("out", "html", "annotate", "summary")
+"""The options that name a file a command writes: said with the run it recorded, in one line."""
+
+
 def record_run(
     args: argparse.Namespace,
     kind: str,
@@ -195,8 +199,9 @@ def record_run(
     """Keep the run in the ledger; return its id, or None when not recorded.
 
     Recording is a side effect: a ledger that cannot be written is one warning line,
-    never a failed command. The run id is said only on a terminal, so scripts that
-    read stderr see nothing new.
+    never a failed command. On a terminal one line names the files the command wrote and
+    the run (``gpuidle: wrote report.html; recorded as run 14``); scripts that read stderr
+    see nothing new. Called after the command's files are written.
     """
     path = ledger_path(args)
     if path is None:
@@ -214,7 +219,10 @@ def record_run(
         warn(f"the run was not recorded in the ledger: {err}")
         return None
     if sys.stderr.isatty():
-        print(f"gpuidle: recorded as run {run_id}" + (f" ({label})" if label else ""), file=sys.stderr)
+        written = [str(getattr(args, name)) for name in WRITTEN if getattr(args, name, None)]
+        said = [f"wrote {', '.join(written)}"] if written else []
+        said.append(f"recorded as run {run_id}" + (f" ({label})" if label else ""))
+        print(f"gpuidle: {'; '.join(said)}", file=sys.stderr)
     return run_id
 
 
