@@ -25,8 +25,9 @@ EXAMPLE = DATA.parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"
 TRACES = [EXAMPLE, *(DATA / n for n in GPU_TRACES), DATA / "cloverleaf_a100__perlmutter-cloverleaf-cuda.sqlite"]
 
 
-def gpuidle(*args: str, ledger: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "gpuidle", *args, "--ledger", str(ledger)], capture_output=True,
+def gpuidle(*args: str, ledger: Path | None) -> str:
+    mine = ["--ledger", str(ledger)] if ledger is not None else []
+    proc = subprocess.run([sys.executable, "-m", "gpuidle", *args, *mine], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode in (0, 1), proc.stderr
     return proc.stdout
@@ -73,3 +74,27 @@ def test_every_command_shows_the_same_utilization(trace: Path, tmp_path: Path) -
     assert float(card.group(1)) / 100 == pytest.approx(expected, abs=5e-4)
     markdown = gpuidle("analyze", str(trace), "--no-ledger", "--format", "md", ledger=ledger)
     assert printed_percent(markdown, re.escape(shown) + r": utilization") == pytest.approx(expected, abs=5e-4)
+
+
+def test_a_jobs_utilization_is_one_number_in_every_command(tmp_path: Path) -> None:
+    """Two ranks: the run's utilization is the mean of its ranks' devices in the ledger, compare, the fleet table
+    and the cost, computed here from the written report."""
+    ledger = tmp_path / "ledger.sqlite"
+    job = tmp_path / "fleet" / "job"
+    job.mkdir(parents=True)
+    for name in ("trace_filter__sampled_rank-0.json.gz", "trace_filter__sampled_rank-1.json.gz"):
+        shutil.copy(DATA / name, job / name)
+    written = tmp_path / "report.json"
+    gpuidle("analyze", str(job), "--json", "--out", str(written), ledger=ledger)
+    ranks = json.loads(written.read_text())["ranks"]
+    devices = [max(r["devices"], key=lambda d: (d["busy_s"], -d["device"])) for r in ranks]
+    expected = sum(d["busy_s"] / d["window_s"] for d in devices) / len(devices)
+    (run,) = json.loads(gpuidle("history", "--json", ledger=ledger))
+    assert run["utilization"] == pytest.approx(expected, abs=1e-12)
+    compared = json.loads(gpuidle("compare", str(written), str(run["id"]), "--json", ledger=ledger))
+    assert compared["before"]["utilization"] == pytest.approx(expected, abs=1e-12)
+    assert compared["after"]["utilization"] == pytest.approx(expected, abs=1e-12)
+    (row,) = json.loads(gpuidle("analyze", str(job.parent), "--json", "--no-ledger", ledger=ledger))["jobs"]
+    assert row["utilization"] == pytest.approx(expected, abs=1e-12)
+    cost = json.loads(gpuidle("cost", "--from", str(written), "--json", ledger=None))
+    assert cost["cost"]["utilization"] == pytest.approx(expected, abs=1e-12)

@@ -273,7 +273,7 @@ def cost_from_report(report: AnalysisReport, price_per_gpu_hour: float | None = 
     """
     if not report.ranks:
         raise GpuidleError("the report has no ranks")
-    u = sum(r.primary().utilization for r in report.ranks) / len(report.ranks)
+    u = report.utilization()
     n = gpus or (report.job.world_size if report.job and report.job.world_size else None) \
         or max((r.world_size or 0) for r in report.ranks) or len(report.ranks)
     result = cost(n, hours, min(max(u, 0.0), 1.0), price_per_gpu_hour, target if target and u > 0 else None)

@@ -66,14 +66,12 @@ def summarize(report: AnalysisReport, info: RunInfo | None = None) -> RunSummary
     info = info or RunInfo()
     primaries = [r.primary() for r in report.ranks]
     steps = sum(max(len(r.steps), 1) for r in report.ranks)
-    window = sum(d.window_s for d in primaries)
-    busy = sum(d.busy_s for d in primaries)
     return RunSummary(
         ref=info.ref, label=info.label,
         gpu_model=info.gpu_model or gpu_model(report),
         world_size=world_size(report), batch_size=info.batch_size,
         ranks=len(report.ranks), steps=steps,
-        utilization=busy / window if window else 0.0,
+        utilization=report.utilization(),
         step_s=median_step_s(report),
         idle_s=sum(d.idle_s for d in primaries) / steps,
         idle_by_cause_s={c.value: sum(d.idle_by_cause_s.get(c.value, 0.0) for d in primaries) / steps

@@ -399,6 +399,13 @@ class AnalysisReport(JsonStruct, kw_only=True):
     include_warmup: bool = False
     """True: steps marked ``excluded`` still count in per-step figures and gains (``--include-warmup``)."""
 
+    def utilization(self) -> float:
+        """The run's utilization, one definition for every command: the mean over the traced ranks of each rank's
+        training device's busy / window (each GPU counts once, as each runs the job's hours)."""
+        if not self.ranks:
+            return 0.0
+        return sum(r.primary().utilization for r in self.ranks) / len(self.ranks)
+
     def __post_init__(self) -> None:
         """A report written before minor 8 held start-up inside ``window_s``: read with today's meaning."""
         if self.schema_minor < WINDOW_LESS_STARTUP:
