@@ -96,5 +96,5 @@ def test_a_jobs_utilization_is_one_number_in_every_command(tmp_path: Path) -> No
     assert compared["after"]["utilization"] == pytest.approx(expected, abs=1e-12)
     (row,) = json.loads(gpuidle("analyze", str(job.parent), "--json", "--no-ledger", ledger=ledger))["jobs"]
     assert row["utilization"] == pytest.approx(expected, abs=1e-12)
-    cost = json.loads(gpuidle("cost", "--from", str(written), "--json", ledger=None))
+    cost = json.loads(gpuidle("cost", "--from", str(written), "--hours", "2", "--json", ledger=None))
     assert cost["cost"]["utilization"] == pytest.approx(expected, abs=1e-12)
