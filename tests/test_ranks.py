@@ -235,3 +235,25 @@ def test_runs_of_the_same_rank_keep_the_newest_with_one_line(tmp_path: Path) -> 
     assert "is in 4 files" in line
     assert "worker0.a.pt.trace.json" in line
     assert "other 3 left out" in line
+
+
+def test_the_rows_add_up_to_the_exposed_time_and_gains_start_from_a_printed_step() -> None:
+    """The job's exposed collective time is what its role rows add up to, per rank and over the ranks; a rank's
+    gain starts from the own step the rank table prints (its step less straggler_wait)."""
+    report = analyze([DATA / "trace_filter__sampled_rank-0.json.gz", DATA / "trace_filter__sampled_rank-1.json.gz"])
+    assert report.job is not None
+    c = report.job.communication
+    assert sum(r.exposed_s for r in c.roles) == pytest.approx(c.collective_exposed_s, rel=1e-9)
+    assert c.collective_exposed_s == pytest.approx(sum(r.communication.exposed_s for r in report.ranks), rel=1e-9)
+    for r in report.ranks:
+        assert sum(x.exposed_s for x in r.communication.roles) == pytest.approx(r.communication.exposed_s, rel=1e-6)
+    own = {row.rank: row.own_step_s for row in report.job.rank_table}
+    for row, r in zip(report.job.rank_table, report.ranks, strict=True):
+        steady = [s for s in r.steps if s.excluded is None]
+        assert row.own_step_s == pytest.approx(
+            sum(s.dur_s - s.idle_by_cause_s["straggler_wait"] for s in steady) / len(steady), rel=1e-9)
+    rank_scoped = [x for x in report.recommendations if x.gain.scope == "rank" and x.gain.step_s_before is not None]
+    assert rank_scoped
+    for x in rank_scoped:
+        assert x.rank is not None
+        assert x.gain.step_s_before == pytest.approx(own[x.rank], rel=1e-6), x.id

@@ -192,14 +192,17 @@ def step_skew(reports: list[RankReport], include_all: bool = False) -> float | N
 
 
 def rank_table(reports: list[RankReport], include_all: bool = False) -> list[RankRow]:
-    """One row per rank: mean (steady) step time, utilization, largest idle cause."""
+    """One row per rank: mean (steady) step time, and less its wait for the others, utilization, largest idle
+    cause."""
     rows = []
     for r in sorted(reports, key=lambda r: r.rank):
         d = r.primary()
         top = max(d.idle_by_cause_s.items(), key=lambda kv: kv[1])[0] if d.idle_s > 0 else "none"
         steps = counted(r.steps, include_all)
-        rows.append(RankRow(rank=r.rank, step_s=float(np.mean([s.dur_s for s in steps])) if steps else 0.0,
-                            utilization=d.utilization, top_cause=top))
+        step = float(np.mean([s.dur_s for s in steps])) if steps else 0.0
+        wait = float(np.mean([s.idle_by_cause_s.get(Cause.STRAGGLER_WAIT.value, 0.0) for s in steps])) if steps else 0.0
+        rows.append(RankRow(rank=r.rank, step_s=step, utilization=d.utilization, top_cause=top,
+                            own_step_s=step - wait))
     return rows
 
 
@@ -214,6 +217,7 @@ def job_communication(reports: list[RankReport]) -> JobCommunication:
         collectives=_merge_collectives(reports),
         parallelism=job_parallelism(reports),
         roles=_merge_roles(reports),
+        collective_exposed_s=sum(r.communication.exposed_s for r in reports),
     )
 
 

@@ -340,17 +340,25 @@ class RankRow(msgspec.Struct):
     step_s: float
     utilization: float
     top_cause: str
+    own_step_s: float = 0.0
+    """``step_s`` less the rank's wait for the others (``straggler_wait``): the step a fix on this rank
+    shortens, and the one its gain starts from."""
 
 
 class JobCommunication(msgspec.Struct):
     exposed_s: float
+    """Idle charged to ``communication``, summed over the ranks."""
     straggler_wait_s: float
+    """Idle charged to ``straggler_wait``, summed over the ranks."""
     overlap_ratio: float | None
     collectives: list[CollectiveStat]
     parallelism: str = "unknown"
     """The ranks' :attr:`CommReport.parallelism` (the most common one)."""
     roles: list[CommRole] = []
     """The ranks' roles summed."""
+    collective_exposed_s: float = 0.0
+    """Collective time with no compute beside it, summed over the ranks' :attr:`CommReport.exposed_s`: the
+    roles' ``exposed_s`` add up to it."""
 
 
 class JobStep(msgspec.Struct):

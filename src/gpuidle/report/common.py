@@ -255,6 +255,17 @@ STYLE_TEXT = {"ddp": "data parallel: DDP", "fsdp2": "data parallel: FSDP2 (fully
               "unknown": "parallelism: not recognised"}
 
 
+OWN_STEP = "own step: the step less the wait for other ranks (straggler_wait); each gain starts from it"
+
+
+def exposed_words(exposed_s: float, communication_s: float, straggler_wait_s: float) -> str:
+    """``336.0 ms exposed (no compute beside them) · idle charged to communication 256.1 ms, to straggler_wait
+    80.86 ms``: the collectives' exposed time, which the role rows below add up to, and the idle causes it is
+    charged to (a collective call the host waits in counts there too)."""
+    return (f"{ms(exposed_s)} exposed (no compute beside them) · idle charged to communication "
+            f"{ms(communication_s)}, to straggler_wait {ms(straggler_wait_s)}")
+
+
 def role_lines(parallelism: str, roles: list[CommRole]) -> list[str]:
     """``data parallel: FSDP2`` and one line per role: exposed, device time, count."""
     lines = [STYLE_TEXT.get(parallelism, f"parallelism: {parallelism}")] if parallelism != "unknown" or roles else []

@@ -37,9 +37,11 @@ from gpuidle.probes.common import human_bytes
 from gpuidle.report.common import (
     CAUSE_MEANING,
     DEFAULT_OPTIONS,
+    OWN_STEP,
     STARTUP_SHOWN,
     RenderOptions,
     combined_text,
+    exposed_words,
     gain_text,
     ms,
     pct,
@@ -148,19 +150,21 @@ def _kernels_table(k: KernelFacts) -> str:
 
 
 def _job_section(job: JobReport) -> str:
-    rows = "".join(f'<tr><td>{r.rank}</td><td class="num">{ms(r.step_s)}</td>'
+    rows = "".join(f'<tr><td>{r.rank}</td><td class="num">{ms(r.step_s)}</td><td class="num">{ms(r.own_step_s)}</td>'
                    f'<td class="num">{pct(r.utilization)}</td><td>{esc(r.top_cause)}</td></tr>' for r in job.rank_table)
     skew = "n/a" if job.step_skew is None else f"{job.step_skew:.3f}"
     world = f" of {job.world_size}" if job.world_size else ""
     items = [f"<li class=\"bad\">straggler: rank {s.rank}, late by {ms(s.lateness_s)} in steps {s.steps}, "
              f"score {s.score:.2f}: {esc(s.why)}</li>" for s in job.stragglers]
     c = job.communication
-    items.append(f"<li>communication exposed {ms(c.exposed_s)}, waiting for stragglers {ms(c.straggler_wait_s)}, "
+    items.append(f"<li>collectives: {esc(exposed_words(c.collective_exposed_s, c.exposed_s, c.straggler_wait_s))} · "
                  f"overlap {'n/a' if c.overlap_ratio is None else pct(c.overlap_ratio)}</li>")
+    items.append(f'<li class="muted">{esc(OWN_STEP)}</li>')
     items += [f"<li>{esc(line)}</li>" for line in role_lines(c.parallelism, c.roles)]
     items += [f'<li class="muted">{esc(n)}</li>' for n in job.notes]
     return (f'<section id="job"><h2>Job: {len(job.ranks_found)} ranks{world} · step-time skew {skew}</h2>'
-            '<table><tr><th>rank</th><th class="num">step</th><th class="num">utilization</th><th>top cause</th></tr>'
+            '<table><tr><th>rank</th><th class="num">step</th><th class="num">own step</th>'
+            '<th class="num">utilization</th><th>top cause</th></tr>'
             f"{rows}</table><ul>{''.join(items)}</ul></section>")
 
 

@@ -6,6 +6,7 @@ from gpuidle.model import CAUSES, AnalysisReport, RankReport
 from gpuidle.report.common import (
     CAUSE_MEANING,
     DEFAULT_OPTIONS,
+    OWN_STEP,
     TARGET_UTILIZATION,
     RenderOptions,
     combined_saved,
@@ -42,9 +43,10 @@ class MarkdownRenderer:
             job = report.job
             skew = "n/a" if job.step_skew is None else f"{job.step_skew:.3f}"
             lines += [f"**Job**: {len(job.ranks_found)} ranks, step-time skew {skew}", ""]
-            lines += _table(["rank", "step", "utilization", "top cause"],
-                            [[str(r.rank), ms(r.step_s), pct(r.utilization), r.top_cause] for r in job.rank_table])
-            lines.append("")
+            lines += _table(["rank", "step", "own step", "utilization", "top cause"],
+                            [[str(r.rank), ms(r.step_s), ms(r.own_step_s), pct(r.utilization), r.top_cause]
+                             for r in job.rank_table])
+            lines += ["", f"_{OWN_STEP}._", ""]
             for s in job.stragglers:
                 lines.append(f"- **straggler** rank {s.rank}: late by {ms(s.lateness_s)} in steps {s.steps}, "
                              f"score {s.score:.2f}; {s.why}")

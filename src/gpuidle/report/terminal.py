@@ -26,10 +26,12 @@ from gpuidle.report.common import (
     CAUSE_MEANING,
     DEFAULT_OPTIONS,
     MANY_STEPS,
+    OWN_STEP,
     TARGET_UTILIZATION,
     RenderOptions,
     combined_text,
     excluded_lines,
+    exposed_words,
     gain_text,
     ms,
     pct,
@@ -102,12 +104,12 @@ def _steps(r: RankReport) -> Table:
 
 def _job(job: JobReport) -> RenderableType:
     t = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("rank", "step", "utilization", "top cause"):
-        t.add_column(col, justify="right" if col in ("step", "utilization") else "left")
+    for col in ("rank", "step", "own step", "utilization", "top cause"):
+        t.add_column(col, justify="right" if col in ("step", "own step", "utilization") else "left")
     for row in job.rank_table:
-        t.add_row(str(row.rank), ms(row.step_s), pct(row.utilization),
+        t.add_row(str(row.rank), ms(row.step_s), ms(row.own_step_s), pct(row.utilization),
                   Text(row.top_cause, style=CAUSE_STYLE.get(row.top_cause, "")))
-    lines: list[RenderableType] = [t]
+    lines: list[RenderableType] = [t, Text(OWN_STEP, style="bright_black")]
     skew = "n/a" if job.step_skew is None else f"{job.step_skew:.3f}"
     head = f"{len(job.ranks_found)} ranks"
     if job.world_size:
@@ -126,7 +128,7 @@ def _job(job: JobReport) -> RenderableType:
                           f"score {lag.score:.2f} — {lag.why}", style="bright_red"))
     c = job.communication
     overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
-    lines.append(Text(f"communication: exposed {ms(c.exposed_s)}, waiting for stragglers {ms(c.straggler_wait_s)}, "
+    lines.append(Text(f"collectives: {exposed_words(c.collective_exposed_s, c.exposed_s, c.straggler_wait_s)} · "
                       f"overlap with compute {overlap}", style="green"))
     lines += [Text(f"  {line}", style="green") for line in role_lines(c.parallelism, c.roles)]
     for note in job.notes:
@@ -225,8 +227,11 @@ class TerminalRenderer:
         c = r.communication
         if c.comm_s > 0:
             overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
-            console.print(Text(f"collectives: {ms(c.comm_s)} on the device, {ms(c.exposed_s)} exposed, "
-                               f"overlap {overlap}", style="green"))
+            d = r.primary()
+            exposed = exposed_words(c.exposed_s, d.idle_by_cause_s.get("communication", 0.0),
+                                    d.idle_by_cause_s.get("straggler_wait", 0.0))
+            console.print(Text(f"collectives: {ms(c.comm_s)} on the device, {exposed} · overlap {overlap}",
+                               style="green"))
             for line in role_lines(c.parallelism, c.roles):
                 console.print(Text(f"  {line}", style="green"))
         k = r.kernels
