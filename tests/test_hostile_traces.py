@@ -24,6 +24,7 @@ from conftest import DATA
 from gpuidle import api
 from gpuidle.cli import main
 from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound
+from gpuidle.jobs import executors
 from gpuidle.sources import inputs, jsonstream, kineto, kineto_events, kineto_read, kineto_scan
 from minitrace import Trace
 from permissions import unprivileged
@@ -413,6 +414,7 @@ def test_unreadable_folder_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_unreadable_rank_file_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers are forked, so the refusing ``open`` is theirs too."""
+    monkeypatch.setattr(executors, "fork_hazard", lambda: None)  # forked even where another test loaded JAX
     two_ranks(tmp_path)
     monkeypatch.setattr(inputs, "open", refuse_to_open, raising=False)
     warned: list[str] = []
@@ -434,6 +436,7 @@ def two_ranks(folder: Path) -> None:
 def test_a_crashing_rank_file_does_not_take_the_folder_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            how: str) -> None:
     """Workers are forked, so the patched reader is theirs too."""
+    monkeypatch.setattr(executors, "fork_hazard", lambda: None)  # forked even where another test loaded JAX
     two_ranks(tmp_path)
     read = kineto.read
 

@@ -39,6 +39,9 @@ def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     if request.param == "decoder":
         monkeypatch.setattr(kineto_scan, "_kscan", None)
         monkeypatch.setattr(kineto_read, "SCANNER_BUILT", False)
+        # the decoders are forked processes: where an earlier test left JAX loaded in this process, the reader
+        # would rightly read in one process instead (tests/test_workers.py checks that)
+        monkeypatch.setattr(kineto_read, "fork_hazard", lambda: None)
     return str(request.param)
 
 
