@@ -110,11 +110,15 @@ def test_under_a_distribution_strategy_the_batches_keras_draws_to_build_are_not_
         stamped = cb.dataset(data(SLEEP_S))
     periods = Periods()
     model(1, strategy).fit(stamped, epochs=2, callbacks=[cb, periods], verbose=0)
-    truth = 1 - compute / float(np.median(np.diff(periods.ends)))
+    steps = np.diff(periods.ends)
+    truth = 1 - compute / float(np.median(steps))
+    # the margin: 5 points, or three robust deviations of the fit's own steps where a busy machine spreads them more
+    spread = 1.4826 * float(np.median(np.abs(steps - np.median(steps)))) / float(np.median(steps))
     report = cb.report
     assert report is not None
     d = report.ranks[0].devices[0]
-    assert abs(d.idle_by_cause_s["data_loading"] / d.window_s - truth) < 0.05, (d.idle_by_cause_s, d.window_s, truth)
+    assert abs(d.idle_by_cause_s["data_loading"] / d.window_s - truth) < max(0.05, 3 * spread), \
+        (d.idle_by_cause_s, d.window_s, truth, spread)
 
 
 def test_the_arrival_ring_reads_in_order_across_its_wrap() -> None:
