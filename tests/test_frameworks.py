@@ -135,3 +135,18 @@ def test_flax_and_grain_apis_exist() -> None:
     grain = pytest.importorskip("grain")
     loader = getattr(grain, "DataLoader", None) or pytest.importorskip("grain.python").DataLoader
     assert {"data_source", "sampler", "operations", "worker_count", "worker_buffer_size"} <= _params(loader)
+
+
+@pytest.mark.parametrize("framework", [None, "tensorflow", "jax", "keras"])
+def test_a_tracker_run_is_never_told_its_profile_cannot_explain(framework: str | None) -> None:
+    """A step tracker's run has no profile: what it cannot explain is asked of a profile, in every framework's
+    words, under the tracker's own title; a trace keeps the framework's."""
+    def proposal(title: str) -> Proposal:
+        rec = Recommendation(id="record_cpu_activity", cause="unattributed", title=title, evidence={}, fix="x",
+                             gain=placeholder(), confidence="high", rank=0)
+        return Proposal(rec, {0: Effect(reason="r")})
+
+    (tracked,) = frameworks.in_framework([proposal(frameworks.UNEXPLAINED_BY_TRACKER)], framework)
+    assert tracked.rec.title == frameworks.UNEXPLAINED_BY_TRACKER
+    (traced,) = frameworks.in_framework([proposal("The trace cannot explain most of the idle time")], framework)
+    assert "tracker" not in traced.rec.title or framework == "keras"  # Keras's runs are the tracker's only

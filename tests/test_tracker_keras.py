@@ -228,3 +228,28 @@ def test_the_fit_is_served_to_prometheus_and_recorded_in_the_ledger(tmp_path: Pa
 
     model().fit(cb.dataset(data(0.002)), epochs=2, callbacks=[cb, Scrape()], verbose=0)
     assert_served_and_recorded(scraped[0], tmp_path / "ledger.sqlite", "keras-tf", "tensorflow")
+
+
+def test_a_fit_without_the_wrapped_dataset_says_its_data_wait_was_not_measured(tmp_path: Path) -> None:
+    """Given the callback but not callback.dataset(ds), the tracker sees each train call whole: the headline says
+    the data wait was not measured (its time reads as busy) and the first fix is how to measure it."""
+    from gpuidle.keras import GpuidleCallback
+    from gpuidle.report.common import RenderOptions
+    from gpuidle.report.terminal import TerminalRenderer
+
+    cb = GpuidleCallback(tmp_path, ledger=False, log=lambda line: None)
+    model(1).fit(data(SLEEP_S), epochs=1, callbacks=[cb], verbose=0)
+    report = cb.report
+    assert report is not None
+    assert report.ranks[0].unmeasured == ["data_loading"]
+    first = report.recommendations[0]
+    assert first.id == "measure_data_loading"
+    assert "callback.dataset(" in first.fix
+    assert first.gain.step_s_saved is None
+    text = TerminalRenderer().render(report, RenderOptions(width=200))
+    headline = next(line for line in text.splitlines() if line.startswith("rank 0 · device"))
+    assert "data_loading not measured" in headline
+    assert "No fix stands out" not in text
+    from gpuidle.api import analyze_tracker
+
+    assert analyze_tracker([tmp_path]).recommendations[0].id == "measure_data_loading"  # read back from the logs

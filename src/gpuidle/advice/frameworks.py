@@ -14,6 +14,9 @@ import msgspec
 from gpuidle.advice.whatif import Proposal
 from gpuidle.model import Workload
 
+UNEXPLAINED_BY_TRACKER = "The step tracker cannot explain most of the idle time: record a profile with host activity"
+"""``record_cpu_activity``'s title for a tracker run, whatever the framework: its steps hold no profile to blame."""
+
 
 class Wording(msgspec.Struct, frozen=True):
     title: str
@@ -306,7 +309,7 @@ KERAS: dict[str, Wording | None] = {
         "optimizer = keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=4)   # or a larger batch\n"
         "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python train.py"),
     "record_cpu_activity": Wording(
-        "The step tracker cannot explain most of the idle time: record a profile with host activity",
+        UNEXPLAINED_BY_TRACKER,
         "options = jax.profiler.ProfileOptions()\n"
         "options.host_tracer_level = 2; options.python_tracer_level = 1\n"
         "with jax.profiler.trace(\"logs\", profiler_options=options):\n"
@@ -343,7 +346,8 @@ def in_framework(proposals: list[Proposal], framework: str | None) -> list[Propo
         if wording is None:
             continue
         dtype = "float16" if p.rec.evidence.get("dtype") == "fp16" else "bfloat16"
-        rec = msgspec.structs.replace(p.rec, title=wording.title.replace("{dtype}", dtype),
+        title = UNEXPLAINED_BY_TRACKER if p.rec.title == UNEXPLAINED_BY_TRACKER else wording.title
+        rec = msgspec.structs.replace(p.rec, title=title.replace("{dtype}", dtype),
                                       fix=wording.fix.replace("{dtype}", dtype))
         out.append(msgspec.structs.replace(p, rec=rec))
     return out

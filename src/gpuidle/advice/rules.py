@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuidle.advice.comm_rules import exposed_communication
-from gpuidle.advice.frameworks import engine_batch, engine_precision, graph_fix
+from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, engine_batch, engine_precision, graph_fix
 from gpuidle.advice.hardware import UNKNOWN, amp_dtype, amp_snippet, hardware
 from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _ms, removes, removes_between
 from gpuidle.advice.whatif import Effect, Proposal, excess, placeholder, rank_state
@@ -301,10 +301,10 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
             fix = fix.replace("    for batch in loader:\n        train_step(batch)\n",
                               "    for batch in requests:\n        model(batch)\n")
     return [x.rec(
-        "record_cpu_activity", Cause.UNATTRIBUTED,
+        "record_cpu_activity", Cause.UNATTRIBUTED, UNEXPLAINED_BY_TRACKER if ev is None else
         "The trace cannot explain most of the idle time: record host activity with it",
         {"unattributed_ms_per_step": _ms(un), "unattributed_share_of_idle": round(un / idle, 3) if idle else None,
-         "missing": missing},
+         "missing": missing, "recorded_by": "step tracker" if ev is None else "trace"},
         fix, Effect(reason="the trace does not say what the host did while the device waited"),
     )]
 

@@ -186,6 +186,7 @@ def rank_report(series: StepSeries) -> RankReport:
         window=Window(kind=WINDOW_KIND, start_s=_s(s.start[0]) if n else 0.0, dur_s=_s(window)),
         devices=[device], steps=steps, communication=_comm(s), world_size=s.world_size,
         kernels=no_kernel_facts(float(s.syncs.mean()) if s.syncs is not None and n else 0.0),
+        unmeasured=list(s.unmeasured),
     )
 
 

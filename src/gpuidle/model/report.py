@@ -218,6 +218,9 @@ class RankReport(msgspec.Struct):
     """Training or inference, eager or compiled or graph-replaying, and the serving engine: what fixes fit."""
     python_hotspots: list[PythonHotspot] = []
     """Where the Python stacks (``with_stack=True``) put the host during idle with no operator running."""
+    unmeasured: list[str] = []
+    """Idle causes this run could not measure (``data_loading``: a Keras fit not given ``callback.dataset``):
+    their time counts as busy, so the headline says so and the first fix is how to measure them."""
 
     def primary(self) -> DeviceReport:
         """The device this rank trains on: the one with the most busy time."""

@@ -97,6 +97,8 @@ class TrackerEnd(msgspec.Struct, tag="end", kw_only=True, omit_defaults=True):
     comm_settings: dict[str, str] = {}
     """The framework's communication settings the tracker read (DeepSpeed: ``overlap_comm``, bucket sizes)."""
     notes: list[str] = []
+    unmeasured: list[str] = []
+    """Idle causes the tracker could not measure in this run (``data_loading``)."""
 
 
 TrackerLine = TrackerHeader | TrackerStep | TrackerEnd
@@ -138,6 +140,8 @@ class StepSeries(msgspec.Struct):
     syncs: I64 | None = None
     framework: str | None = None
     """``tensorflow``, ``jax``; None or ``pytorch``: PyTorch."""
+    unmeasured: list[str] = msgspec.field(default_factory=list)
+    """As :attr:`TrackerEnd.unmeasured`."""
 
     def __len__(self) -> int:
         return int(self.step.shape[0])

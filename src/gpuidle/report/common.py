@@ -266,6 +266,13 @@ def exposed_words(exposed_s: float, communication_s: float, straggler_wait_s: fl
             f"{ms(communication_s)}, to straggler_wait {ms(straggler_wait_s)}")
 
 
+def unmeasured_words(r: RankReport) -> str | None:
+    """``data_loading not measured: its time counts as busy``, or None where the run measured every cause."""
+    if not r.unmeasured:
+        return None
+    return f"{', '.join(r.unmeasured)} not measured: its time counts as busy (see the first fix)"
+
+
 def role_lines(parallelism: str, roles: list[CommRole]) -> list[str]:
     """``data parallel: FSDP2`` and one line per role: exposed, device time, count."""
     lines = [STYLE_TEXT.get(parallelism, f"parallelism: {parallelism}")] if parallelism != "unknown" or roles else []

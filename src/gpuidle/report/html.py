@@ -49,6 +49,7 @@ from gpuidle.report.common import (
     source_label,
     startup_head,
     startup_item,
+    unmeasured_words,
     window_words,
 )
 from gpuidle.report.compare_text import money
@@ -182,7 +183,9 @@ def _headline(report: AnalysisReport, shown: RankReport) -> str:
     lowest = " (the lowest of the job)" if len(report.ranks) > 1 else ""
     return (f'<section id="headline"><h2>{where}{lowest}: <span class="{util_class(d.utilization)}">'
             f"utilization {pct(d.utilization)}</span></h2>"
-            f'<p class="lead">idle {ms(d.idle_s)} of {ms(d.window_s)}{top}.</p></section>')
+            f'<p class="lead">idle {ms(d.idle_s)} of {ms(d.window_s)}{top}.</p>'
+            + (f'<p class="bad">{esc(unmeasured)}</p>' if (unmeasured := unmeasured_words(shown)) else "")
+            + "</section>")
 
 
 def _decision(report: AnalysisReport) -> str:

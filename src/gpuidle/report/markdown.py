@@ -21,6 +21,7 @@ from gpuidle.report.common import (
     startup_lines,
     step_rows,
     together,
+    unmeasured_words,
     window_words,
 )
 
@@ -87,6 +88,7 @@ class MarkdownRenderer:
         d = r.primary()
         mark = "✅" if d.utilization >= TARGET_UTILIZATION else "⚠️"
         out = [f"### Rank {r.rank}, device {d.device}: utilization {pct(d.utilization)} {mark}", "",
+               *([f"**{unmeasured}**", ""] if (unmeasured := unmeasured_words(r)) else []),
                f"Window: {window_words(r, ', ')}; idle {ms(d.idle_s)}.", ""]
         shown = [c.value for c in CAUSES if d.idle_by_cause_s[c.value] > 0]
         out += _table(["idle cause", "time", "of window"],

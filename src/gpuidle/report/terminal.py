@@ -42,6 +42,7 @@ from gpuidle.report.common import (
     source_label,
     startup_lines,
     step_rows,
+    unmeasured_words,
     utilization_falls,
     window_words,
 )
@@ -64,6 +65,9 @@ def _headline(r: RankReport, d: DeviceReport) -> Text:
     t = Text(f"rank {r.rank} · device {d.device}{name}  ", style="bold")
     t += Text(f"utilization {pct(d.utilization)}", style=f"bold {style}")
     t += Text(f"  (target {pct(TARGET_UTILIZATION, 0)})  idle {ms(d.idle_s)} of {ms(d.window_s)}")
+    unmeasured = unmeasured_words(r)
+    if unmeasured is not None:
+        t += Text(f"  · {unmeasured}", style="bold yellow")
     smi = hardware(d).smi
     if d.active_s > d.busy_s and smi is not None:
         t += Text(f"  · {smi} would count {pct(d.active_s / d.window_s)}", style="bright_black")

@@ -179,5 +179,6 @@ def _series(p: Path, head: TrackerHeader, steps: list[TrackerStep], end: Tracker
         batches=col([s.batches for s in steps]), profiled=np.array([s.profiled for s in steps], dtype=bool),
         comm_hook=end.comm_hook if end is not None else None,
         comm_settings=dict(end.comm_settings) if end is not None else {}, notes=notes,
+        unmeasured=list(end.unmeasured) if end is not None else [],
         sync=col([s.sync_ns for s in steps]), syncs=col([s.syncs for s in steps]), framework=head.framework,
     )

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from gpuidle.analysis.series import rank_stats
@@ -84,6 +85,7 @@ class TrackerBase:
         self._closed = False
         self.report: AnalysisReport | None = None
         self._notes = notes
+        self._unmeasured: list[str] = []
         self._header_notes = len(notes)
         """The notes written in the log's header; those added later go in its end line."""
 
@@ -111,6 +113,12 @@ class TrackerBase:
     def note(self, text: str) -> None:
         """A note learnt after the log's header was written: in the log's end and the summary."""
         self._notes.append(text)
+
+    def unmeasured(self, cause: str, why: str) -> None:
+        """An idle cause this run cannot measure, and why: in the log's end, the headline and the first fix."""
+        if cause not in self._unmeasured:
+            self._unmeasured.append(cause)
+            self.note(why)
 
     @property
     def clock(self) -> Callable[[], int]:
@@ -184,7 +192,8 @@ class TrackerBase:
 
     def _finish(self, notes: list[str]) -> None:
         self._file.write([TrackerEnd(steps=self._step, comm_hook=self._comm_hook, comm_settings=self._comm_settings,
-                                     notes=[*self._notes[self._header_notes:], *notes])])
+                                     notes=[*self._notes[self._header_notes:], *notes],
+                                     unmeasured=list(self._unmeasured))])
         self._file.close()
         self._notes.extend(notes)
 
@@ -194,6 +203,7 @@ class TrackerBase:
         if self._job.dropped:
             notes.append(f"the job summary covers the last {job.shape[1]} steps of {job.shape[1] + self._job.dropped}; "
                          f"gpuidle analyze {self.out_dir} reads every step from the rank logs")
-        series = [self._series(r, job[r], notes) for r in range(job.shape[0])]
+        series = [msgspec.structs.replace(self._series(r, job[r], notes), unmeasured=list(self._unmeasured))
+                  for r in range(job.shape[0])]
         ledger = self._ledger if isinstance(self._ledger, bool) else Path(self._ledger)
         return output.summarize(series, self.out_dir, self._log, self._label, ledger)

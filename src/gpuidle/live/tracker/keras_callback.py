@@ -264,7 +264,7 @@ class GpuidleCallback(keras.callbacks.Callback, TrackerBase):
         if k > 1:
             self.note(EXECUTION_NOTE.format(k=k))
         if not self._wrapped:
-            self.note(NO_DATASET_NOTE)
+            self.unmeasured("data_loading", NO_DATASET_NOTE)
         self._fit_begin = self._clock()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
