@@ -146,3 +146,13 @@ def test_formats_render(fmt: str, tmp_path: Path) -> None:
         gains = [r["gain"]["step_s_saved"] for r in doc["recommendations"] if r["alternative_to"] is None]
         known = [g for g in gains if g is not None]
         assert gains[: len(known)] == sorted(known, reverse=True)
+
+
+def test_a_file_named_as_an_nsight_export_that_is_not_one(tmp_path: Path) -> None:
+    """Told what it was named as, and how to make a real one, not that it is not JSON."""
+    bad = tmp_path / "report.sqlite"
+    bad.write_bytes(bytes(range(256)) * 4)
+    proc = gpuidle("analyze", str(bad))
+    assert_one_line_error(proc, "not an Nsight Systems export")
+    assert "JSON" not in proc.stderr
+    assert "nsys export --type sqlite" in proc.stderr

@@ -81,14 +81,15 @@ def _device_card(r: RankReport, d: DeviceReport) -> str:
             f'<div class="muted">utilization · idle {ms(d.idle_s)} of {ms(d.window_s)}</div>{smi}</div>')
 
 
-def _cause_table(d: DeviceReport) -> str:
+def _cause_table(d: DeviceReport, several: bool = False) -> str:
     rows = "".join(
         f'<tr title="{esc(CAUSE_MEANING[c.value])}"><td><i class="chip" style="background:{CAUSE_COLOR[c.value]}">'
         f'&nbsp;</i>{c.value}<div class="muted">{esc(CAUSE_MEANING[c.value])}</div></td>'
         f'<td class="num">{ms(d.idle_by_cause_s[c.value])}</td>'
         f'<td class="num">{pct(d.idle_by_cause_s[c.value] / d.window_s if d.window_s else 0.0)}</td></tr>'
         for c in CAUSES if d.idle_by_cause_s.get(c.value, 0.0) > 0)
-    return ('<table><tr><th>idle cause</th><th class="num">time</th><th class="num">of window</th></tr>'
+    head = f"idle cause, GPU {d.device}" if several else "idle cause"
+    return (f'<table><tr><th>{head}</th><th class="num">time</th><th class="num">of window</th></tr>'
             + (rows or '<tr><td colspan="3">no idle time</td></tr>') + "</table>")
 
 
@@ -214,7 +215,8 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
     body.append(f'<section id="summary"><h2>Utilization</h2><p class="note">window: {esc(window_words(shown, ", "))}'
                 + (f"; rank {shown.rank} has the lowest utilization of the job" if n > 1 else "") + "</p>"
                 + '<div class="grid">' + "".join(_device_card(shown, d) for d in shown.devices) + "</div>"
-                + "".join(cause_bar(d) for d in shown.devices) + legend() + _cause_table(shown.primary())
+                + "".join(cause_bar(d) for d in shown.devices) + legend()
+                + _cause_table(shown.primary(), len(shown.devices) > 1)
                 + _startup(shown)
                 + "".join(f'<p class="note">note: {esc(x)}</p>' for x in shown.notes) + "</section>")
     if timeline is not None:

@@ -91,7 +91,7 @@ class MarkdownRenderer:
                *([f"**{unmeasured}**", ""] if (unmeasured := unmeasured_words(r)) else []),
                f"Window: {window_words(r, ', ')}; idle {ms(d.idle_s)}.", ""]
         shown = [c.value for c in CAUSES if d.idle_by_cause_s[c.value] > 0]
-        out += _table(["idle cause", "time", "of window"],
+        out += _table([f"idle cause, device {d.device}" if len(r.devices) > 1 else "idle cause", "time", "of window"],
                       [[f"{c}[^{c}-{r.rank}]", ms(d.idle_by_cause_s[c]), pct(d.idle_by_cause_s[c] / d.window_s)]
                        for c in shown])
         out += [""] + [f"[^{c}-{r.rank}]: {CAUSE_MEANING[c]}." for c in shown] + [""]

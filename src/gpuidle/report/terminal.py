@@ -74,9 +74,25 @@ def _headline(r: RankReport, d: DeviceReport) -> Text:
     return t
 
 
-def _causes(d: DeviceReport) -> Table:
+def _devices(r: RankReport) -> RenderableType:
+    """A rank with several devices: one row each, so that eight of them fit a narrow terminal."""
+    t = Table(box=None, header_style="bold", pad_edge=False, title=f"rank {r.rank}", title_justify="left",
+              title_style="bold")
+    for col in ("device", "utilization", "idle", "of"):
+        t.add_column(col, justify="left" if col == "device" else "right")
+    for d in r.devices:
+        style = "green" if d.utilization >= TARGET_UTILIZATION else ("yellow" if d.utilization >= 0.6 else "red")
+        t.add_row(f"{d.device}" + (f" ({d.name})" if d.name else ""), Text(pct(d.utilization), style=f"bold {style}"),
+                  ms(d.idle_s), ms(d.window_s))
+    unmeasured = unmeasured_words(r)
+    tail = [Text(unmeasured, style="bold yellow")] if unmeasured is not None else []
+    return Group(t, Text(f"target utilization {pct(TARGET_UTILIZATION, 0)}", style="bright_black"), *tail)
+
+
+def _causes(d: DeviceReport, several: bool = False) -> Table:
+    """The primary device's idle by cause; where the rank has several devices, the header names which."""
     t = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
-    t.add_column("idle cause")
+    t.add_column(f"idle cause, device {d.device}" if several else "idle cause")
     t.add_column("time", justify="right")
     t.add_column("of window", justify="right")
     t.add_column("")
@@ -218,9 +234,11 @@ class TerminalRenderer:
 
     def _rank(self, console: Console, r: RankReport, kept: bool = False) -> None:
         console.print(Text(f"window: {window_words(r)}", style="bright_black"))
-        for d in r.devices:
-            console.print(_headline(r, d))
-        console.print(_causes(r.primary()))
+        if len(r.devices) > 1:
+            console.print(_devices(r))
+        else:
+            console.print(_headline(r, r.devices[0]))
+        console.print(_causes(r.primary(), len(r.devices) > 1))
         console.print(_meanings(r.primary()))
         if len(r.steps) > 1:
             console.print(_steps(r))

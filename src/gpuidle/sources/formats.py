@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuidle.errors import GpuidleError, InputNotFound
+from gpuidle.errors import GpuidleError, InputNotFound, NotATrace
 from gpuidle.model import Timeline
 from gpuidle.sources import inputs, kineto, nsys_db, xspace_files
 
@@ -80,6 +80,9 @@ def read_timelines(path: str, progress: Callable[[int, int], None] | None = None
         from gpuidle.sources import xspace
 
         return [xspace.read(path, progress)]
+    if str(path).endswith((".sqlite", *nsys_db.REPORT_SUFFIXES)):  # named as an export, yet not one
+        raise NotATrace(f"{inputs.display(str(path))}: not an Nsight Systems export (no SQLite header)",
+                        "export the report again: nsys export --type sqlite report.nsys-rep")
     return [kineto.read(path, progress)]
 
 
