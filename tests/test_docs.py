@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -109,6 +110,23 @@ def test_the_readme_excerpt_is_what_the_quickstart_prints() -> None:
     assert len(shown) > 8
     positions = [printed.index(line) for line in shown]  # each line as printed ...
     assert positions == sorted(positions)                # ... and in the order printed
+
+
+def test_the_fleet_table_on_the_cluster_page_is_what_the_command_prints(tmp_path: Path) -> None:
+    page = (DOCS / "cluster.md").read_text()
+    section = page.split("### The fleet table", 1)[1]
+    (table,) = re.findall(r"```text\n(.*?)```", section.split("\n### ", 1)[0], re.S)
+    (tmp_path / "alexnet").mkdir()
+    (tmp_path / "ddp").mkdir()
+    data = ROOT / "tests" / "data"
+    alexnet = "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz"
+    shutil.copy(data / alexnet, tmp_path / "alexnet")
+    for rank in (0, 1):
+        shutil.copy(data / f"trace_filter__sampled_rank-{rank}.json.gz", tmp_path / "ddp")
+    env = dict(os.environ, NO_COLOR="1", PYTHONPATH=str(ROOT / "src"), COLUMNS="250")
+    proc = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(tmp_path), "--price-per-gpu-hour", "2.5",
+                           "--no-ledger"], env=env, capture_output=True, text=True, check=True)
+    assert proc.stdout == table
 
 
 # -- the command line is documented ------------------------------------------------------------

@@ -7,6 +7,7 @@ by hand) and checked against the cost formula of one job (``advice.calc``), whic
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,8 @@ def test_fleet_table_reports_and_ledger(tmp_path: Path, private_ledger: Path) ->
 
 def test_the_text_table_names_every_job_and_the_fleet(tmp_path: Path) -> None:
     root = _fleet(tmp_path / "jobs", broken=False)
-    proc = gpuidle("analyze", str(root), "--no-ledger", "--price", "4")
+    proc = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(root), "--no-ledger", "--price", "4"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split()[:4] == ["job", "GPUs", "util", "idle"]
@@ -154,3 +156,21 @@ def test_analyze_refuses_a_folder_of_jobs(tmp_path: Path) -> None:
     root = _fleet(tmp_path / "jobs", broken=False)
     with pytest.raises(GpuidleError, match="folder of jobs"):
         api.analyze([root])
+
+
+def test_a_fleet_table_wider_than_the_terminal_is_laid_out_to_fit(tmp_path: Path) -> None:
+    """At 80 columns no line is longer; each job keeps its utilization, idle GPU-hours and largest cause, and the
+    last line says how wide the full table is."""
+    root = _fleet(tmp_path / "jobs")
+    wide = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(root), "--no-ledger"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "COLUMNS": "400"}).stdout
+    narrow = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(root), "--no-ledger"],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "80"}).stdout
+    full = max(len(line) for line in wide.splitlines())
+    assert full > 80
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert narrow.splitlines()[-1] == f"(every cause of every job: a terminal {full} columns wide, or --json)"
+    for line in wide.splitlines()[1:]:
+        if line.startswith(("alexnet", "ddp")):
+            job, _gpus, util, idle = line.split()[:4]
+            assert any(x.split()[:4][0] == job and x.split()[2:4] == [util, idle] for x in narrow.splitlines())
