@@ -249,3 +249,15 @@ def test_the_reduce_bucket_config_doubles_the_engines_own() -> None:
     default = reduce_buckets({})  # not read: DeepSpeed's default, and contiguous gradients with it
     assert '"reduce_bucket_size": 1e9,' in default
     assert '"contiguous_gradients": true' in default
+
+
+def test_the_sharded_page_shows_what_the_report_prints(tmp_path: Path) -> None:
+    """docs/sharded.md's example is this trace's collectives lines, as the terminal report prints them."""
+    from gpuidle.report.common import RenderOptions
+    from gpuidle.report.terminal import TerminalRenderer
+
+    page = (Path(__file__).parent.parent / "docs" / "sharded.md").read_text()
+    shown = page.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    printed = TerminalRenderer().render(_trace(tmp_path, FSDP2), RenderOptions(width=200)).splitlines()
+    at = printed.index(shown[0])
+    assert printed[at:at + len(shown)] == shown
