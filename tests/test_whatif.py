@@ -276,3 +276,17 @@ def test_falling_utilization_is_told_with_digits_that_differ() -> None:
     assert _distinct_percents(0.70412, 0.58201) == ("70.4", "58.2")
     assert _distinct_percents(0.005123, 0.004812) == ("0.51", "0.48")
     assert _distinct_percents(0.5, 0.5) == ("50.000", "50.000")
+
+
+def test_a_trace_of_device_events_alone_says_so_first(tmp_path: Path) -> None:
+    """No host event recorded: the headline says the idle cannot be split, and the first fix is to record it."""
+    from gpuidle.report.common import RenderOptions
+    from gpuidle.report.terminal import TerminalRenderer
+
+    report = analyze([no_cpu_events(tmp_path)])
+    (rank,) = report.ranks
+    assert rank.unmeasured == ["host_activity"]
+    assert report.recommendations[0].id == "record_cpu_activity"
+    text = TerminalRenderer().render(report, RenderOptions(width=200))
+    headline = next(line for line in text.splitlines() if line.startswith("rank 0 · device"))
+    assert "host activity not recorded" in headline

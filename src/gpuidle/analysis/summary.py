@@ -102,15 +102,17 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     notes = list(tl.meta.notes) + quality_notes(tl, names, window, kernels)
     if len(idle) > 1:
         notes.append(f"{len(idle)} devices in this trace; per-step figures are for device {primary.device}")
+    events = host_events(tl, names, launchers)
     report = RankReport(
         rank=tl.meta.rank if tl.meta.rank is not None else 0,
         path=tl.meta.path, notes=notes, step_source=window.steps.source,
         window=Window(kind=window.kind, start_s=_s(window.start), dur_s=_s(window.end - window.start)),
         devices=devices, steps=steps, kernels=kernels,
         communication=communication,
-        world_size=tl.meta.world_size, backend=tl.meta.backend, host_events=host_events(tl, names, launchers),
+        world_size=tl.meta.world_size, backend=tl.meta.backend, host_events=events,
         startup=startup_costs(tl, startup, primary), workload=kind,
         python_hotspots=python_hotspots(tl, primary),
+        unmeasured=[HOST_ACTIVITY] if not (events["cpu_ops"] or events["runtime_calls"]) and primary.idle_ns else [],
     )
     step_of = np.clip(np.searchsorted(bounds, seg_s[exposed], side="right") - 1, 0, bounds.size - 2)
     on_primary = coll.device == primary.device
@@ -123,6 +125,10 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
 
 GRAPH_OR_DRIVER_LAUNCH = ("cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch", "hipGraphLaunch",
                           "hipModuleLaunchKernel", "cuLaunchCooperativeKernel")
+
+
+HOST_ACTIVITY = "host_activity"
+"""What a trace of device events alone did not record (:attr:`RankReport.unmeasured`): its idle has no cause."""
 
 
 def host_events(tl: Timeline, classes: NameClasses, launchers: I64) -> dict[str, int]:

@@ -219,8 +219,9 @@ class RankReport(msgspec.Struct):
     python_hotspots: list[PythonHotspot] = []
     """Where the Python stacks (``with_stack=True``) put the host during idle with no operator running."""
     unmeasured: list[str] = []
-    """Idle causes this run could not measure (``data_loading``: a Keras fit not given ``callback.dataset``):
-    their time counts as busy, so the headline says so and the first fix is how to measure them."""
+    """What this run could not measure, said in the headline, its first fix how to measure it: ``data_loading``
+    (a Keras fit not given ``callback.dataset``: its time counts as busy), ``host_activity`` (a trace of device
+    events alone: its idle has no cause)."""
 
     def primary(self) -> DeviceReport:
         """The device this rank trains on: the one with the most busy time."""

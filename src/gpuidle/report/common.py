@@ -266,11 +266,17 @@ def exposed_words(exposed_s: float, communication_s: float, straggler_wait_s: fl
             f"{ms(communication_s)}, to straggler_wait {ms(straggler_wait_s)}")
 
 
+UNMEASURED_WORDS = {
+    "data_loading": "data_loading not measured: its time counts as busy (see the first fix)",
+    "host_activity": "host activity not recorded: the idle cannot be split by cause (see the first fix)",
+}
+
+
 def unmeasured_words(r: RankReport) -> str | None:
     """``data_loading not measured: its time counts as busy``, or None where the run measured every cause."""
     if not r.unmeasured:
         return None
-    return f"{', '.join(r.unmeasured)} not measured: its time counts as busy (see the first fix)"
+    return "; ".join(UNMEASURED_WORDS.get(u, f"{u} not measured") for u in r.unmeasured)
 
 
 def role_lines(parallelism: str, roles: list[CommRole]) -> list[str]:
