@@ -141,3 +141,25 @@ def test_a_gain_that_cannot_be_estimated_says_so_once(tmp_path: Path) -> None:
     assert text.startswith("gain not estimable: ")
     assert text.count("estimable") == 1
     assert "cuDNN" in text
+
+
+def test_a_cause_no_rule_claims_is_said_with_its_share() -> None:
+    """With no rule firing (here: none given), every idle cause above 3 % of the step is still named, with its
+    share and no gain; none below it."""
+    from gpuidle.advice.rules import recommend
+    from gpuidle.api import analyze
+    from gpuidle.model import CAUSES
+
+    report = analyze([Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"])
+    (rank,) = report.ranks
+    said = {p.rec.cause: p.rec for p in recommend(rank, rules=[])}
+    steady = [s for s in rank.steps if s.excluded is None]
+    step = sum(s.dur_s for s in steady) / len(steady)
+    for c in CAUSES:
+        if c.value in ("straggler_wait", "unattributed"):
+            continue
+        share = sum(s.idle_by_cause_s[c.value] for s in steady) / len(steady) / step
+        assert (c.value in said) == (share >= 0.03), c
+        if c.value in said:
+            assert said[c.value].id == f"unsized_{c.value}"
+            assert said[c.value].evidence["share_of_step"] == pytest.approx(share, abs=5e-4)

@@ -261,3 +261,32 @@ def test_the_sharded_page_shows_what_the_report_prints(tmp_path: Path) -> None:
     printed = TerminalRenderer().render(_trace(tmp_path, FSDP2), RenderOptions(width=200)).splitlines()
     at = printed.index(shown[0])
     assert printed[at:at + len(shown)] == shown
+
+
+A2A = "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def test_an_exposed_all_to_all_is_a_cause_with_a_fix_never_no_cause(tmp_path: Path) -> None:
+    """An expert-parallel step whose largest idle is all-to-all dispatch and combine with no compute beside them:
+    named as such with its share and the overlap fix; its gain said not estimable, never 'no fix stands out'."""
+    from gpuidle.report.common import RenderOptions
+    from gpuidle.report.terminal import TerminalRenderer
+
+    t = Trace(rank=0, world=8)
+    for s in range(STEPS):
+        base = s * STEP_US
+        t.step(s + 1, base, STEP_US - 10)
+        t.launch(at=base + 5, call_dur=5, start=base + 10, dur=600)             # attention
+        _collective(t, base + 612, "all_to_all", A2A, base + 620, 250, MAIN)    # dispatch, exposed
+        t.launch(at=base + 880, call_dur=5, start=base + 880, dur=500)          # experts
+        _collective(t, base + 1382, "all_to_all", A2A, base + 1390, 250, MAIN)  # combine, exposed
+        t.launch(at=base + 1645, call_dur=5, start=base + 1650, dur=300)
+    report = analyze([t.write(tmp_path / "rank0.json.gz")])
+    rec = next(r for r in report.recommendations if r.id == "moe_all_to_all_overlap")
+    share = rec.evidence["share_of_step"]
+    assert isinstance(share, float)
+    assert share == pytest.approx(500 / STEP_US, rel=0.05)
+    assert rec.gain.step_s_saved is None
+    assert "not estimable" in (rec.gain.reason or "")
+    assert "overlap_moe_expert_parallel_comm" in rec.fix
+    assert "No fix stands out" not in TerminalRenderer().render(report, RenderOptions(width=200))

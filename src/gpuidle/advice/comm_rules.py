@@ -97,6 +97,32 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
     return _transport(x, out)
 
 
+def exposed_all_to_all(x: RuleInput) -> list[Proposal]:
+    """Expert parallelism's dispatch and combine (all-to-all) with no compute beside them, any style and phase:
+    overlap them with the experts' compute and balance the experts. How much of it overlap hides depends on the
+    compute there is to hide it under, which one trace does not show: the gain is not estimated."""
+    exposed = x.exposed(("all_to_all",))
+    share = exposed / x.state.step_s if x.state.step_s else 0.0
+    if share < MIN_SHARE:
+        return []
+    calls = x.per_window_step(sum(c.count for c in x.report.communication.collectives
+                                  if c.collective == "all_to_all"))
+    return [x.rec(
+        "moe_all_to_all_overlap", Cause.COMMUNICATION,
+        "All-to-all (expert dispatch and combine) is exposed: overlap it with the experts' compute",
+        {"exposed_all_to_all_ms_per_step": _ms(exposed), "share_of_step": round(share, 3),
+         "all_to_alls_per_step": round(calls, 1)},
+        "# Megatron-Core: overlap dispatch/combine with expert compute (EP > 1, BF16/FP16)\n"
+        "config.overlap_moe_expert_parallel_comm = True\n"
+        "config.moe_shared_expert_overlap = False     # the two overlaps exclude each other\n"
+        "# or the fused dispatcher: config.moe_token_dispatcher_type = \"flex\" with DeepEP\n"
+        "# uneven experts make every rank wait for the busiest: check the router's load balancing\n"
+        "# (config.moe_router_load_balancing_type, config.moe_aux_loss_coeff); keep EP within one node",
+        Effect(reason=f"not estimable from one trace: all-to-all is {share:.1%} of the step, and what overlap "
+                      "hides depends on the expert compute beside it"), confidence="medium",
+    )]
+
+
 def _transport(x: RuleInput, out: list[Proposal]) -> list[Proposal]:
     """Any style: large all-reduces far below a fast link's bandwidth point at NCCL's transport."""
     reduces = [c for c in x.report.communication.collectives if c.collective == "all_reduce"]

@@ -96,6 +96,11 @@ TENSORFLOW: dict[str, Wording | None] = {
     "nccl_transport": Wording(
         "Large all-reduces reach little bus bandwidth: all-reduce over NCCL, on the fast network",
         "strategy = tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce())\n" + _NCCL),
+    "moe_all_to_all_overlap": Wording(
+        "All-to-all (expert dispatch and combine) is exposed: overlap it with the experts' compute",
+        "# let XLA schedule the dispatch/combine all-to-alls under independent compute\n"
+        "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python train.py\n"
+        "# uneven experts make every device wait for the busiest: check the router's load-balancing loss"),
     "comm_bound_batch": Wording(
         "Communication takes as long as compute: more work per all-reduce",
         "# raise the per-GPU batch (scale the learning rate linearly), or accumulate gradients:\n"
@@ -177,6 +182,11 @@ JAX: dict[str, Wording | None] = {
         "grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), grads)"),
     "nccl_transport": Wording(
         "Large all-reduces reach little bus bandwidth: check the NCCL transport", _NCCL),
+    "moe_all_to_all_overlap": Wording(
+        "All-to-all (expert dispatch and combine) is exposed: overlap it with the experts' compute",
+        "# let XLA schedule the dispatch/combine all-to-alls under independent compute\n"
+        "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python train.py\n"
+        "# uneven experts make every device wait for the busiest: check the router's load-balancing loss"),
     "comm_bound_batch": Wording(
         "Communication takes as long as compute: more work per all-reduce, overlapped",
         "# raise the per-GPU batch (scale the learning rate linearly), or accumulate micro-batches with\n"
@@ -304,6 +314,11 @@ KERAS: dict[str, Wording | None] = {
     "zero_grad_set_to_none": None,
     "comm_compression": None,
     "nccl_transport": JAX["nccl_transport"],
+    "moe_all_to_all_overlap": Wording(
+        "All-to-all (expert dispatch and combine) is exposed: overlap it with the experts' compute",
+        "# let XLA schedule the dispatch/combine all-to-alls under independent compute\n"
+        "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python train.py\n"
+        "# uneven experts make every device wait for the busiest: check the router's load-balancing loss"),
     "comm_bound_batch": Wording(
         "Communication takes as long as compute: more work per all-reduce, overlapped",
         "optimizer = keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=4)   # or a larger batch\n"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuidle.advice.comm_rules import exposed_communication
+from gpuidle.advice.comm_rules import exposed_all_to_all, exposed_communication
 from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, engine_batch, engine_precision, graph_fix
 from gpuidle.advice.hardware import UNKNOWN, amp_dtype, amp_snippet, hardware
 from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _ms, removes, removes_between
@@ -311,7 +311,7 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
 
 RULES: list[Rule] = [
     dataloader_workers, remove_host_sync, pinned_memory, cuda_graphs, zero_grad_set_to_none, larger_batch, cpu_work,
-    mixed_precision, cudnn_benchmark, exposed_communication, explain_unattributed,
+    mixed_precision, cudnn_benchmark, exposed_communication, exposed_all_to_all, explain_unattributed,
 ]
 
 
@@ -326,7 +326,29 @@ def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rul
     rules = rules if rules is not None else [*RULES, *SHARDED_RULES]
     x = RuleInput(report, report.primary(), rank_state(report, include_all),
                   len(counted(report.steps, include_all)), accumulation_repeats, include_all)
-    return [p for rule in rules for p in rule(x)]
+    proposals = [p for rule in rules for p in rule(x)]
+    return proposals + unsized_causes(x, proposals)
+
+
+def unsized_causes(x: RuleInput, proposals: list[Proposal]) -> list[Proposal]:
+    """A cause above its threshold that no fix claims is said as such, never left as no cause at all."""
+    claimed = {p.rec.cause for p in proposals}
+    out = []
+    for cause in (Cause.DATA_LOADING, Cause.HOST_SYNC, Cause.LAUNCH_OVERHEAD, Cause.CPU_COMPUTE, Cause.MEMCPY,
+                  Cause.COMMUNICATION):
+        share = x.share(cause)
+        if share < MIN_SHARE or cause.value in claimed:
+            continue
+        out.append(x.rec(
+            f"unsized_{cause.value}", cause,
+            f"{cause.value} is {share:.1%} of the step, and no fix in this trace's terms can size it",
+            {f"{cause.value}_ms_per_step": _ms(x.idle(cause)), "share_of_step": round(share, 3)},
+            f"# look at what runs during the {cause.value} idle: gpuidle analyze TRACE --annotate annotated.json\n"
+            "# then open annotated.json in https://ui.perfetto.dev",
+            Effect(reason=f"not estimable from one trace: no rule's preconditions hold for this {cause.value} idle"),
+            confidence="low",
+        ))
+    return out
 
 
 STRAGGLER_FIX = {
