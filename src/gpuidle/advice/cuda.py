@@ -83,6 +83,12 @@ CUDA_FIXES: dict[str, tuple[str, str]] = {
         "// larger per-GPU problem, fewer and larger collectives (ncclGroupStart()/ncclGroupEnd()),\n"
         "// and run them on their own stream while independent kernels run",
     ),
+    "record_more_steps": (
+        "One step in the window: profile several steps before acting on a per-step gain",
+        "// mark each iteration, then trace several of them:\n"
+        "nvtxRangePushA(\"step\");  /* one iteration */  nvtxRangePop();   // #include <nvtx3/nvToolsExt.h>\n"
+        "// " + NSYS_TRACE,
+    ),
     "record_cpu_activity": (
         "The trace cannot explain most of the idle time: record host activity with it",
         "// trace the CUDA API, OS calls and your own ranges:\n"

@@ -12,6 +12,7 @@ modules (framework-specific texts) key on them.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from gpuidle.advice.comm_rules import exposed_all_to_all, exposed_communication
@@ -327,7 +328,59 @@ def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rul
     x = RuleInput(report, report.primary(), rank_state(report, include_all),
                   len(counted(report.steps, include_all)), accumulation_repeats, include_all)
     proposals = [p for rule in rules for p in rule(x)]
-    return proposals + unsized_causes(x, proposals)
+    return [*more_steps(x), *(per_step(x, p) for p in proposals), *unsized_causes(x, proposals)]
+
+
+TRACE_QUALITY = "trace_quality"
+"""The cause of a fix to the recording itself: it removes no idle, it makes the idle measurable."""
+
+
+def more_steps(x: RuleInput) -> list[Proposal]:
+    """A window of one step holds no steady step to take a per-step gain from: say so, and how to record more."""
+    if len(counted(x.report.steps, x.include_all)) >= 2 or x.device.idle_s <= 0:
+        return []
+    return [x.rec(
+        "record_more_steps", TRACE_QUALITY,
+        "One step in the window: profile several steps before acting on a per-step gain",
+        {"steps_in_window": len(x.report.steps), "step_source": x.report.step_source},
+        "with torch.profiler.profile(\n"
+        "    schedule=torch.profiler.schedule(wait=1, warmup=2, active=5),   # five steady steps\n"
+        "    on_trace_ready=torch.profiler.tensorboard_trace_handler(\"./traces\"),\n"
+        ") as prof:\n"
+        "    for batch in loader:\n"
+        "        train_step(batch)\n"
+        "        prof.step()                  # marks each step: ProfilerStep#N",
+        Effect(reason="a recording advice: it saves nothing itself"), confidence="high",
+    )]
+
+
+STEADY_SHARE = 0.5
+"""A measured per-step gain needs its cause in at least this share of the steady steps (and two of them)."""
+PRESENT = 0.005
+"""A cause is in a step where its idle is at least this share of the step."""
+
+
+def per_step(x: RuleInput, p: Proposal) -> Proposal:
+    """``p`` as it is where each cause it removes recurs in most steady steps; else with its gain not estimable and
+    the reason: one call in one step, or a window of one step, is no per-step cause."""
+    steps = counted(x.report.steps, x.include_all)
+    effect = p.effects.get(x.report.rank)
+    if effect is None or effect.reason is not None:
+        return p
+    if len(steps) < 2 and (effect.idle or effect.busy):
+        why = "one step in the window: a per-step gain needs its cause in most of several steps (profile more steps)"
+        return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
+    for cause, seconds in effect.idle.items():
+        if seconds <= 0:
+            continue
+        present = sum(s.idle_by_cause_s.get(cause, 0.0) >= PRESENT * s.dur_s for s in steps if s.dur_s > 0)
+        if present < STEADY_SHARE * len(steps):
+            why = (f"{cause} is in {present} of {len(steps)} steady steps: not a per-step cause (an outlier, named "
+                   "once), so no per-step gain is taken from it")
+        else:
+            continue
+        return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
+    return p
 
 
 def unsized_causes(x: RuleInput, proposals: list[Proposal]) -> list[Proposal]:

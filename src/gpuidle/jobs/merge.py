@@ -48,8 +48,8 @@ def merge_job(
         proposals = for_cuda(proposals)
     proposals = in_framework(proposals, framework)
     recs, combined = plan(proposals, reports, include_warmup, job)
-    if any(r.unmeasured for r in reports):  # how to measure what is missing comes before what it would hide
-        recs = sorted(recs, key=lambda x: x.id != "record_cpu_activity")
+    first = {"record_more_steps"} | ({"record_cpu_activity"} if any(r.unmeasured for r in reports) else set())
+    recs = sorted(recs, key=lambda x: x.id not in first)  # how to measure what is missing comes first
     return AnalysisReport(
         source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
                       skipped=skipped, framework=framework),
