@@ -35,16 +35,20 @@ class _HelpFormatter(argparse.HelpFormatter):
         super().__init__(prog, indent_increment, max_help_position, terminal_columns() - 2 if width is None else width)
 
 
-def terminal_columns() -> int:
-    """``shutil.get_terminal_size().columns``: ``COLUMNS`` if set, else the terminal's, else 80."""
+PIPED_WIDTH = 100
+"""A report's width where it goes to no terminal (a pipe, a file, a CI log) and ``COLUMNS`` is not set."""
+
+
+def terminal_columns(off_terminal: int = 80) -> int:
+    """``shutil.get_terminal_size().columns``: ``COLUMNS`` if set, else the terminal's, else ``off_terminal``."""
     try:
         return int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
         pass
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or off_terminal  # type: ignore[union-attr]
     except (AttributeError, ValueError, OSError):
-        return 80
+        return off_terminal
 
 
 class Parser(argparse.ArgumentParser):
@@ -106,10 +110,10 @@ def fraction(text: str) -> float:
 
 def render_options(args: argparse.Namespace, to_tty: bool, top: int | None = None) -> RenderOptions:
     """How a command's report is laid out: its colour, and the terminal's width (``COLUMNS``, else the terminal's,
-    else 80, as rich takes it), so that no line is longer than the screen it is read on."""
+    else :data:`PIPED_WIDTH`), so that no line is longer than the screen it is read on."""
     from gpuidle.report.common import RenderOptions
 
-    options = RenderOptions(color=use_color(args, to_tty), width=terminal_columns())
+    options = RenderOptions(color=use_color(args, to_tty), width=terminal_columns(PIPED_WIDTH))
     return options if top is None else replace(options, top=top)
 
 

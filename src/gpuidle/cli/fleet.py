@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuidle.cli.common import emit, record_analysis, refuse_conflicting_formats, terminal_columns, warn
+from gpuidle.cli.common import PIPED_WIDTH, emit, record_analysis, refuse_conflicting_formats, terminal_columns, warn
 from gpuidle.errors import GpuidleError
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def report_fleet(args: argparse.Namespace, jobs: api.Jobs, fmt: str) -> int:
     else:
         from gpuidle.report.fleet import render_fleet
 
-        emit(render_fleet(fleet, terminal_columns() if args.out is None else None), args.out)
+        emit(render_fleet(fleet, terminal_columns(PIPED_WIDTH) if args.out is None else None), args.out)
     incomplete = fleet.failed_jobs or any(j.skipped for j in fleet.jobs)
     return 1 if incomplete else 0
 
