@@ -180,3 +180,18 @@ def test_no_steps_window_is_gpu_activity(tmp_path: Path) -> None:
     assert r.step_source == "none"
     assert any("no rank" in n for n in r.notes)
     assert r.rank == 0
+
+
+def test_a_long_host_to_device_call_moving_little_is_a_wait_not_a_copy(tmp_path: Path) -> None:
+    """A 493 ms cudaMemcpy to the device moving 64 KiB in 4.7 µs: the host waited for something the trace does
+    not show, as in a blocking device-to-host copy; it is host_sync, and no pinned-memory fix is sized from it."""
+    t = Trace()
+    t.step(1, 0, 500_000)
+    t.launch(at=0, call_dur=5, start=5, dur=95)
+    t.launch(at=100, call_dur=493_000, start=493_090, dur=4.7, name="Memcpy HtoD (Pinned -> Device)",
+             kind="gpu_memcpy", call="cudaMemcpy", bytes=64 << 10)
+    t.launch(at=493_105, call_dur=5, start=493_112, dur=6_000)
+    r = run(t, tmp_path)
+    causes = causes_us(r)
+    assert causes.get("memcpy", 0) < 100
+    assert causes["host_sync"] > 490_000

@@ -23,7 +23,9 @@ moment, the first matching layer winning:
    like data loading, or a file read traced by Nsight's OS runtime trace).
 4. ``host_sync``: a feeding thread is blocked in a synchronize call, a blocking copy (a
    synchronous copy call, a copy to pageable memory, or any copy call that lasts longer
-   than enqueuing one can), or ``aten::item``/``_local_scalar_dense``.
+   than enqueuing one can; a host-to-device one when it lasts longer than its transfer,
+   its bytes staged at :data:`MIN_STAGING_BYTES_PER_NS` and the queue), or
+   ``aten::item``/``_local_scalar_dense``.
 5. ``memcpy``: a feeding thread is inside a host-to-device copy call (pageable memory
    makes it a staged, blocking copy).
 6. ``communication``: a feeding thread is inside a host-side collective call.
@@ -59,6 +61,10 @@ CAUSE_INDEX = {c: i for i, c in enumerate(CAUSES)}
 MAX_LAUNCH_LATENCY_NS = 50_000
 """The queue: longest a launched op may take to start once its launch call has returned, and the longest gap
 still charged to a launch issued before the gap began (launches take 5-20 µs)."""
+MIN_STAGING_BYTES_PER_NS = 1
+"""1 GB/s: the slowest a host stages pageable memory into pinned buffers (memcpy runs at several GB/s). A
+host-to-device copy call longer than its transfer, its bytes at this rate and the queue waited for something
+else (the stream's earlier work, an event) and is a wait, not copying."""
 STARTUP_LABEL = len(CAUSES)
 """The label of idle segments under start-up costs: past the causes, counted apart."""
 
@@ -174,6 +180,10 @@ def _device_idle(
 
     copy_of_call = _copy_kind_of_calls(tl, launchers)
     htod_call = is_rt & memcpy & np.isin(copy_of_call, HTOD_KINDS)
+    # a host-to-device call far longer than its transfer and staging waited for something else (the stream's
+    # earlier work, an event): a wait like any blocking copy, not copying
+    htod_wait = htod_call & (host.end - host.start > MAX_LAUNCH_LATENCY_NS + _copy_bound_of_calls(tl, launchers))
+    htod_call &= ~htod_wait
     blocking_copy = is_rt & memcpy & ~htod_call & (
         synchronous_memcpy | (copy_of_call == CopyKind.DTOH_PAGEABLE)
         | (host.end - host.start > MAX_LAUNCH_LATENCY_NS)
@@ -243,6 +253,16 @@ def _device_idle(
     )
     result.self_check()
     return result
+
+
+def _copy_bound_of_calls(tl: Timeline, launchers: I64) -> I64:
+    """For each host row, the longest its copy can take to stage and transfer: the device transfer plus its bytes
+    at :data:`MIN_STAGING_BYTES_PER_NS` (0 if it launched none)."""
+    out = np.zeros(len(tl.host), dtype=np.int64)
+    linked = launchers >= 0
+    ops = tl.device_ops
+    out[launchers[linked]] = ((ops.end - ops.start) + np.maximum(ops.nbytes, 0) // MIN_STAGING_BYTES_PER_NS)[linked]
+    return out
 
 
 def _copy_kind_of_calls(tl: Timeline, launchers: I64) -> np.ndarray:
