@@ -290,3 +290,21 @@ def test_an_exposed_all_to_all_is_a_cause_with_a_fix_never_no_cause(tmp_path: Pa
     assert "not estimable" in (rec.gain.reason or "")
     assert "overlap_moe_expert_parallel_comm" in rec.fix
     assert "No fix stands out" not in TerminalRenderer().render(report, RenderOptions(width=200))
+
+
+@pytest.mark.parametrize(("world", "words"), [(8, "peer links"), (16, "NCCL transport")])
+def test_transport_advice_fits_the_size_of_the_job(tmp_path: Path, world: int, words: str) -> None:
+    """Slow large all-reduces: in a job one node holds, the GPUs' peer links (NVLink, PCIe); only in a bigger
+    one the network transport (InfiniBand, sockets)."""
+    t = Trace(rank=0, world=world)
+    for s in range(STEPS):
+        base = s * 40_000
+        t.step(s + 1, base, 40_000 - 10)
+        t.launch(at=base + 5, call_dur=5, start=base + 10, dur=5_000)
+        _collective(t, base + 5_020, "allreduce", AR, base + 5_030, 20_000, MAIN, mib=64)
+        t.launch(at=base + 25_040, call_dur=5, start=base + 25_050, dur=5_000)
+    report = analyze([t.write(tmp_path / "rank0.json.gz")])
+    rec = next(r for r in report.recommendations if r.id == "nccl_transport")
+    assert words in rec.title
+    assert ("NCCL_IB_DISABLE" in rec.fix) == (world > 8)
+    assert ("nvidia-smi topo -m" in rec.fix) == (world <= 8)

@@ -123,13 +123,40 @@ def exposed_all_to_all(x: RuleInput) -> list[Proposal]:
     )]
 
 
+GPUS_PER_NODE = 8
+"""The most GPUs one node holds in the common systems (DGX/HGX 8-GPU boards, MI300X platforms)."""
+
+
+def _one_node(x: RuleInput) -> bool:
+    """The job fits one node: a world of at most :data:`GPUS_PER_NODE` ranks (a larger one spans nodes)."""
+    return x.report.world_size is not None and 1 < x.report.world_size <= GPUS_PER_NODE
+
+
 def _transport(x: RuleInput, out: list[Proposal]) -> list[Proposal]:
     """Any style: large all-reduces far below a fast link's bandwidth point at NCCL's transport."""
     reduces = [c for c in x.report.communication.collectives if c.collective == "all_reduce"]
     sized = [c for c in reduces if c.busbw_gbps is not None]
     large = [c for c in sized if c.count and c.bytes / c.count >= LARGE_MESSAGE
              and (c.busbw_gbps or 0.0) < LOW_BUSBW_GBPS]
-    if large:
+    if large and _one_node(x):
+        c = large[0]
+        out.append(x.rec(
+            "nccl_transport", Cause.COMMUNICATION,
+            f"Large all-reduces reach only {c.busbw_gbps or 0.0:.1f} GB/s bus bandwidth in a job of "
+            f"{x.report.world_size} ranks, one node's worth: check the GPUs' peer links",
+            {"all_reduce_busbw_gbps": round(c.busbw_gbps or 0.0, 2),
+             "mean_message_mib": round(c.bytes / c.count / MIB, 1), "dtype": c.dtype,
+             "world_size": x.report.world_size,
+             "caveat": "kernel time includes waiting for other ranks; "
+                       "measure the link itself with gpuidle bench allreduce"},
+            "# a job this size is usually one node: NCCL goes over NVLink or PCIe peer-to-peer, not the network\n"
+            "nvidia-smi topo -m                   # NV#: NVLink; PIX/PXB: one PCIe switch; SYS: across sockets\n"
+            "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT torchrun ...   # 'via P2P/IPC' or 'via SHM' (slower)\n"
+            "env | grep NCCL_P2P                  # NCCL_P2P_DISABLE=1 or a low NCCL_P2P_LEVEL forbids peer links",
+            Effect(reason="not estimable from one trace: the link's attainable bandwidth is not in it "
+                          "(gpuidle bench allreduce measures it)"), confidence="low",
+        ))
+    elif large:
         c = large[0]
         out.append(x.rec(
             "nccl_transport", Cause.COMMUNICATION,
