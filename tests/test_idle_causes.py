@@ -195,3 +195,25 @@ def test_a_long_host_to_device_call_moving_little_is_a_wait_not_a_copy(tmp_path:
     causes = causes_us(r)
     assert causes.get("memcpy", 0) < 100
     assert causes["host_sync"] > 490_000
+
+
+def test_the_pinned_memory_fix_names_a_data_loader_only_where_the_trace_has_one(tmp_path: Path) -> None:
+    def copies(with_loader: bool) -> Path:
+        t = Trace()
+        for n in range(4):
+            base = n * 1000
+            t.step(n + 1, base, 1000)
+            if with_loader:
+                t.op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", base + 1, 2)
+            t.launch(at=base + 5, call_dur=5, start=base + 10, dur=90)
+            t.launch(at=base + 120, call_dur=300, start=base + 380, dur=20, name="Memcpy HtoD (Pageable -> Device)",
+                     kind="gpu_memcpy", call="cudaMemcpyAsync", bytes=1 << 20)
+            t.launch(at=base + 430, call_dur=10, start=base + 450, dur=500)
+        return t.write(tmp_path / f"copies_{with_loader}.json.gz")
+
+    for with_loader in (True, False):
+        report = analyze([copies(with_loader)])
+        rec = next(r for r in report.recommendations if r.id == "pinned_memory_non_blocking")
+        assert ("DataLoader(" in rec.fix) == with_loader
+        assert rec.evidence["data_loader_in_trace"] is with_loader
+        assert "non_blocking=True" in rec.fix

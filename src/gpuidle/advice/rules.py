@@ -77,16 +77,23 @@ def pinned_memory(x: RuleInput) -> list[Proposal]:
     k = x.report.kernels
     if x.share(Cause.MEMCPY) < MIN_SHARE and not (k.pageable_htod_copies and x.idle(Cause.MEMCPY) > 0):
         return []
+    # a DataLoader's pin_memory only where the program has one (a serving engine builds its own tensors)
+    loader = (x.report.host_events or {}).get("data_loader_calls", 0) > 0 or x.idle(Cause.DATA_LOADING) > 0
     return [x.rec(
         "pinned_memory_non_blocking", Cause.MEMCPY,
         "Copy batches from pinned memory with non_blocking=True",
         {"memcpy_ms_per_step": _ms(x.idle(Cause.MEMCPY)),
-         "pageable_htod_copies": k.pageable_htod_copies, "pageable_htod_mib": round(k.pageable_htod_bytes / MIB, 2)},
-        "loader = torch.utils.data.DataLoader(dataset, ..., pin_memory=True)\n"
-        "for x, y in loader:\n"
-        "    x = x.to(device, non_blocking=True)\n"
-        "    y = y.to(device, non_blocking=True)\n"
-        "# tensors you build yourself: t = t.pin_memory() once, then .to(device, non_blocking=True)",
+         "pageable_htod_copies": k.pageable_htod_copies, "pageable_htod_mib": round(k.pageable_htod_bytes / MIB, 2),
+         "data_loader_in_trace": loader},
+        ("loader = torch.utils.data.DataLoader(dataset, ..., pin_memory=True)\n"
+         "for x, y in loader:\n"
+         "    x = x.to(device, non_blocking=True)\n"
+         "    y = y.to(device, non_blocking=True)\n"
+         "# tensors you build yourself: t = t.pin_memory() once, then .to(device, non_blocking=True)") if loader else
+        ("# no data loader in the trace: pin the host tensors the program copies (once, for reused buffers)\n"
+         "staging = torch.empty(shape, dtype=dtype, pin_memory=True)   # allocate once\n"
+         "staging.copy_(host_tensor)\n"
+         "x = staging.to(device, non_blocking=True)"),
         removes(Cause.MEMCPY, x.idle(Cause.MEMCPY)),
     )]
 

@@ -133,7 +133,8 @@ HOST_ACTIVITY = "host_activity"
 
 def host_events(tl: Timeline, classes: NameClasses, launchers: I64) -> dict[str, int]:
     """What the trace recorded on the host, so a report can say what attribution lacked; ``launch_calls`` and
-    ``launch_call_us`` (their summed duration) bound what launching can cost."""
+    ``launch_call_us`` (their summed duration) bound what launching can cost; ``data_loader_calls``: whether the
+    program loads its data through a data loader the fixes may name."""
     host = tl.host
     names = np.array([tl.strings[i] in GRAPH_OR_DRIVER_LAUNCH for i in range(len(tl.strings))], dtype=bool)
     runtime = host.kind == HostKind.RUNTIME
@@ -143,7 +144,8 @@ def host_events(tl: Timeline, classes: NameClasses, launchers: I64) -> dict[str,
             "graph_or_driver_launches": int((runtime & names[host.name]).sum()) if names.size else 0,
             "python_functions": int((host.kind == HostKind.PYTHON).sum()),
             "launch_calls": int(launch.sum()),
-            "launch_call_us": int((host.end - host.start)[launch].sum() // 1000)}
+            "launch_call_us": int((host.end - host.start)[launch].sum() // 1000),
+            "data_loader_calls": int(classes.data_loading[host.name].sum()) if len(tl.strings) else 0}
 
 
 def _steps_with_gpu_work(tl: Timeline, bounds: I64) -> np.ndarray:
