@@ -288,5 +288,7 @@ def test_a_trace_of_device_events_alone_says_so_first(tmp_path: Path) -> None:
     assert rank.unmeasured == ["host_activity"]
     assert report.recommendations[0].id == "record_cpu_activity"
     text = TerminalRenderer().render(report, RenderOptions(width=200))
-    headline = next(line for line in text.splitlines() if line.startswith("rank 0 · device"))
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("rank 0 · device"))
+    headline = " ".join(lines[at:at + 3])  # the device, its idle, and what was not measured
     assert "host activity not recorded" in headline

@@ -59,19 +59,21 @@ def _bar(share: float, style: str, width: int = BAR) -> Text:
     return Text("█" * filled, style=style) + Text("░" * (width - filled), style="bright_black")
 
 
-def _headline(r: RankReport, d: DeviceReport) -> Text:
+def _headline(r: RankReport, d: DeviceReport) -> RenderableType:
+    """The device and its utilization on the first line; its idle, what nvidia-smi would say and what was not
+    measured under it, so that no width breaks a figure from its unit."""
     style = "green" if d.utilization >= TARGET_UTILIZATION else ("yellow" if d.utilization >= 0.6 else "red")
     name = f" ({d.name})" if d.name else ""
-    t = Text(f"rank {r.rank} · device {d.device}{name}  ", style="bold")
-    t += Text(f"utilization {pct(d.utilization)}", style=f"bold {style}")
-    t += Text(f"  (target {pct(TARGET_UTILIZATION, 0)})  idle {ms(d.idle_s)} of {ms(d.window_s)}")
-    unmeasured = unmeasured_words(r)
-    if unmeasured is not None:
-        t += Text(f"  · {unmeasured}", style="bold yellow")
+    head = Text(f"rank {r.rank} · device {d.device}{name}  ", style="bold")
+    head += Text(f"utilization {pct(d.utilization)}", style=f"bold {style}")
+    head += Text(f"  (target {pct(TARGET_UTILIZATION, 0)})")
+    idle = Text(f"  idle {ms(d.idle_s)} of {ms(d.window_s)}")
     smi = hardware(d).smi
     if d.active_s > d.busy_s and smi is not None:
-        t += Text(f"  · {smi} would count {pct(d.active_s / d.window_s)}", style="bright_black")
-    return t
+        idle += Text(f" · {smi} would count {pct(d.active_s / d.window_s)}", style="bright_black")
+    unmeasured = unmeasured_words(r)
+    tail = [Text(f"  {unmeasured}", style="bold yellow")] if unmeasured is not None else []
+    return Group(head, idle, *tail)
 
 
 def _devices(r: RankReport) -> RenderableType:
