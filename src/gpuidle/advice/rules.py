@@ -390,14 +390,19 @@ def per_step(x: RuleInput, p: Proposal) -> Proposal:
     return p
 
 
+UNSIZED_SHARE = 0.10
+"""A cause this large a share of the step that no fix claims is named all the same (below it, a healthy job's
+few percent of exposed communication or host work would be flagged with nothing to do about them)."""
+
+
 def unsized_causes(x: RuleInput, proposals: list[Proposal]) -> list[Proposal]:
-    """A cause above its threshold that no fix claims is said as such, never left as no cause at all."""
+    """A cause of a tenth of the step or more that no fix claims is said as such, never left as no cause at all."""
     claimed = {p.rec.cause for p in proposals}
     out = []
     for cause in (Cause.DATA_LOADING, Cause.HOST_SYNC, Cause.LAUNCH_OVERHEAD, Cause.CPU_COMPUTE, Cause.MEMCPY,
                   Cause.COMMUNICATION):
         share = x.share(cause)
-        if share < MIN_SHARE or cause.value in claimed:
+        if share < UNSIZED_SHARE or cause.value in claimed:
             continue
         out.append(x.rec(
             f"unsized_{cause.value}", cause,
