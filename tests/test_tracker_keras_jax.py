@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("jax")
@@ -83,8 +84,13 @@ def test_the_data_fix_promises_no_more_than_the_fit_without_the_wait(
     fix = next(r for r in report.recommendations if r.cause == "data_loading")
     predicted = fix.gain.step_s_after
     assert predicted is not None
-    _, after = runs["fast"]
-    assert 0.95 * after["period_s"] <= predicted <= truth["compute_s"] + 0.001, (predicted, after, truth)
+    fast, after = runs["fast"]
+    # below the after-state by no more than 5 %, or three robust deviations of its own steps where a busy machine
+    # spreads them more (measured: 2.5 % below with both cores kept busy by other processes)
+    durations = np.array([s.dur_s for s in steady(fast)])
+    spread = 1.4826 * float(np.median(np.abs(durations - np.median(durations)))) / float(np.median(durations))
+    low = (1 - max(0.05, 3 * spread)) * after["period_s"]
+    assert low <= predicted <= truth["compute_s"] + 0.001, (predicted, after, truth, spread)
     assert truth["period_s"] > DELAY_S
 
 
