@@ -71,8 +71,11 @@ def test_no_bottleneck_nothing_flagged(tmp_path: Path) -> None:
         assert r.communication.collectives, "the DDP buckets were timed"
     assert report.job is not None
     assert not [s for s in report.job.stragglers if s.score >= NOISE_SCORE]
+    # gloo's all-reduces on two shared cores expose some 8-12 % of a step: said as an unsized cause where they pass
+    # a tenth (no fix, no gain), never as a fix
     flagged = [r.id for r in report.recommendations
-               if not (r.id.startswith("straggler_rank_") and r.evidence["score"] < NOISE_SCORE)]
+               if not (r.id.startswith("straggler_rank_") and r.evidence["score"] < NOISE_SCORE)
+               and not r.id.startswith("unsized_")]
     assert flagged == []
 
 
