@@ -59,10 +59,14 @@ def _bar(share: float, style: str, width: int = BAR) -> Text:
     return Text("█" * filled, style=style) + Text("░" * (width - filled), style="bright_black")
 
 
+def _util_style(utilization: float) -> str:
+    return "green" if utilization >= TARGET_UTILIZATION else ("yellow" if utilization >= 0.6 else "red")
+
+
 def _headline(r: RankReport, d: DeviceReport) -> RenderableType:
     """The device and its utilization on the first line; its idle, what nvidia-smi would say and what was not
     measured under it, so that no width breaks a figure from its unit."""
-    style = "green" if d.utilization >= TARGET_UTILIZATION else ("yellow" if d.utilization >= 0.6 else "red")
+    style = _util_style(d.utilization)
     name = f" ({d.name})" if d.name else ""
     head = Text(f"rank {r.rank} · device {d.device}{name}  ", style="bold")
     head += Text(f"utilization {pct(d.utilization)}", style=f"bold {style}")
@@ -83,7 +87,7 @@ def _devices(r: RankReport) -> RenderableType:
     for col in ("device", "utilization", "idle", "of"):
         t.add_column(col, justify="left" if col == "device" else "right")
     for d in r.devices:
-        style = "green" if d.utilization >= TARGET_UTILIZATION else ("yellow" if d.utilization >= 0.6 else "red")
+        style = _util_style(d.utilization)
         t.add_row(f"{d.device}" + (f" ({d.name})" if d.name else ""), Text(pct(d.utilization), style=f"bold {style}"),
                   ms(d.idle_s), ms(d.window_s))
     unmeasured = unmeasured_words(r)
