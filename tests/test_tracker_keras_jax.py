@@ -37,7 +37,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[AnalysisRe
     base = tmp_path_factory.mktemp("keras_jax")
     out = {}
     for mode in ("data", "fast", "k4", "synced"):
-        truth = run_fit(base / mode, mode)
+        # k4: 20 calls an epoch, so that a few calls slowed by a busy machine leave most of them steady
+        truth = run_fit(base / mode, mode, steps=80 if mode == "k4" else 40)
         out[mode] = (analyze_tracker([base / mode]), truth)
     return out
 
@@ -99,12 +100,12 @@ def test_steps_per_execution_is_one_step_per_call_with_a_note(runs: dict[str, tu
     assert truth["tracked"] == truth["calls"] == len(report.ranks[0].steps)  # one step per call of 4 batches
     assert any("steps_per_execution=4" in n and "lower bound" in n for n in report.ranks[0].notes)
     steps = steady(report)
-    assert len(steps) >= 15
+    assert len(steps) >= 0.75 * truth["calls"], [s.excluded for s in report.ranks[0].steps]
     assert all(s.dur_s > 0 for s in steps)
     # four sleeps a call, of which the one before its first dispatch is seen as the device's idle: a lower bound
     per_call = sum(s.idle_by_cause_s.get("data_loading", 0.0) for s in steps) / len(steps)
     assert DELAY_S - truth["compute_s"] - 0.002 < per_call < 4 * DELAY_S, (per_call, truth)
-    assert report.recommendations[0].cause == "data_loading"
+    assert report.recommendations[0].cause == "data_loading", [(r.cause, r.title) for r in report.recommendations]
 
 
 def test_two_ranks_give_one_job_view_with_the_slow_rank_named(tmp_path: Path) -> None:
