@@ -183,7 +183,7 @@ def test_user_ranges_named_like_steps(schema: str, tmp_path: Path) -> None:
         e.nvtx("forward", start + 10, 100)  # a range that is no step
         e.launch(at=start + 20, call_dur=10, start=start + 100, dur=300)
     (r,) = run(e, tmp_path).ranks
-    assert r.step_source == "inferred:nvtx_step_ranges"
+    assert r.step_source == "named_ranges"
     assert [s.step for s in r.steps] == [7, 8]
     assert [round(s.dur_s / US) for s in r.steps] == [500, 500]
     assert [round(s.busy_s / US) for s in r.steps] == [300, 300]

@@ -344,3 +344,12 @@ def test_the_causes_mean_in_the_docs_what_the_reports_say() -> None:
     rows = dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", page, re.M))
     assert list(CAUSE_MEANING) == [c.value for c in CAUSES]
     assert {c: rows[c] for c in CAUSE_MEANING} == CAUSE_MEANING
+
+
+def test_where_steps_come_from_reads_in_the_docs_as_the_reports_say() -> None:
+    """The window line's words for each step source are the docs' table, word for word."""
+    from gpuidle.report.common import STEP_SOURCE_WORDS
+
+    page = (Path(__file__).parent.parent / "docs" / "numbers.md").read_text()
+    rows = dict(re.findall(r"^\| `([\w:]+)` \| (.+?) \|$", page, re.M))
+    assert {c: rows[c] for c in STEP_SOURCE_WORDS} == STEP_SOURCE_WORDS

@@ -11,7 +11,8 @@ from gpuidle.model import DeviceOpKind, HostKind, KernelFacts, Timeline
 SLOW_LAUNCH_US = 20.0
 """A healthy cudaLaunchKernel takes 2-10 µs on the host; far above means overhead or contention."""
 OVERLAP_TOLERANCE_NS = 1_000
-STEP_MARKERS = {"kineto": "ProfilerStep ranges", "nsys": "ProfilerStep or step-named NVTX ranges"}
+STEP_MARKERS = {"kineto": "ProfilerStep ranges, engine iterations or step-named annotations",
+                "nsys": "ProfilerStep, step-named NVTX ranges or engine iterations"}
 """What marks steps in each format; a reader whose format is not here writes its own note (XSpace names
 the framework's step annotation)."""
 

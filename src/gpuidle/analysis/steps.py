@@ -24,7 +24,7 @@ class StepWindow(msgspec.Struct, frozen=True):
     start: int
     end: int
     kind: str
-    """``profiler_steps``, ``inferred_steps`` or ``gpu_activity``."""
+    """``profiler_steps`` (steps the profile marks itself), ``inferred_steps`` or ``gpu_activity``."""
 
     @property
     def bounds(self) -> I64:
@@ -33,7 +33,8 @@ class StepWindow(msgspec.Struct, frozen=True):
 
 
 def find_steps(tl: Timeline, names: NameClasses) -> Steps:
-    """Profiler steps if recorded, else steps inferred from repeating host ranges."""
+    """The steps the profile marks (its reader chose them, :mod:`gpuidle.sources.step_markers`), else steps
+    inferred from repeating host ranges."""
     if len(tl.steps) > 0:
         return tl.steps
     host = tl.host
@@ -78,7 +79,7 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     launched = launch_times(tl, launcher_rows(tl) if launchers is None else launchers)
     inside = (launched >= start) & (launched < host_end)
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
-    kind = "profiler_steps" if steps.source == "profiler_step" else "inferred_steps"
+    kind = "inferred_steps" if steps.source.startswith("inferred:") else "profiler_steps"
     return StepWindow(steps, start, max(host_end, gpu_end), kind)
 
 

@@ -39,6 +39,21 @@ CAUSE_MEANING = {
 }
 """Each idle cause in one line, where a report first shows it; docs/numbers.md holds the same table."""
 
+STEP_SOURCE_WORDS = {
+    "profiler_step": "steps from the profiler's step markers",
+    "device_steps": "steps from the profile's Steps line",
+    "engine_iterations": "steps from the engine's iterations",
+    "named_ranges": "steps from ranges named like steps",
+    "tracker": "steps from the tracker",
+    "inferred:dataloader_next": "steps inferred from DataLoader calls: no step markers in this profile",
+    "inferred:optimizer_step": "steps inferred from optimizer steps: no step markers in this profile",
+    "inferred:xla_program": "steps inferred from the compiled program's calls: no step markers in this profile",
+    "inferred:nvtx_step_ranges": "steps from ranges named like steps",
+    "none": "no step markers: the window is first to last GPU activity",
+}
+"""Where a rank's steps came from (``RankReport.step_source``), in the order they are taken; docs/numbers.md
+holds the same table."""
+
 FRAMEWORK_NAMES = {"pytorch": "PyTorch", "cuda": "CUDA application", "keras": "Keras on JAX"}
 
 
@@ -181,13 +196,13 @@ STARTUP_SHOWN = 8
 
 
 def window_words(r: RankReport, sep: str = " · ") -> str:
-    """``gpu activity · 1 step(s) · 1,166.3 ms analysed (12,920.2 ms less 11,754.0 ms of start-up) · ...``: the
-    rank's window, and where start-up was set apart, the time the figures are over (``DeviceReport.window_s``)."""
+    """``1 step(s) · 1,166.3 ms analysed (12,920.2 ms less 11,754.0 ms of start-up) · steps from ...``: the rank's
+    window, where start-up was set apart the time the figures are over (``DeviceReport.window_s``), and where its
+    steps came from (:data:`STEP_SOURCE_WORDS`)."""
     w, d = r.window, r.primary()
     length = (f"{ms(d.window_s)} analysed ({ms(w.dur_s)} less {ms(d.startup_s)} of start-up)" if d.startup_s > 0
               else ms(w.dur_s))
-    source = "no step markers" if r.step_source == "none" else f"steps from {r.step_source}"
-    return sep.join([w.kind.replace("_", " "), f"{len(r.steps)} step(s)", length, source])
+    return sep.join([f"{len(r.steps)} step(s)", length, STEP_SOURCE_WORDS.get(r.step_source, r.step_source)])
 
 
 def startup_head(r: RankReport) -> str | None:

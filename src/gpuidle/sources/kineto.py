@@ -32,6 +32,7 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.model.arrays import distinct
+from gpuidle.sources import step_markers
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
 from gpuidle.sources.kineto_columns import MAX_SPAN_US
 from gpuidle.sources.kineto_events import I32_MAX
@@ -71,10 +72,6 @@ def _to_ns(us: npt.NDArray[np.float64]) -> I64:
     ns *= 1000
     ns += frac.astype(np.int64)
     return ns
-
-
-_STEP = re.compile(r"^ProfilerStep#([0-9]{1,18})$")
-"""Step numbers past 18 digits do not fit the model's int64 and are not steps."""
 
 
 def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timeline:
@@ -149,24 +146,19 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     meta.notes.extend(skipped)
     return Timeline(
         strings=strings, threads=cols.threads, device_ops=device_ops, host=host,
-        collectives=collectives, steps=_profiler_steps(strings, host), meta=meta,
+        collectives=collectives, steps=_steps(strings, host, meta.notes), meta=meta,
     )
 
 
-def _profiler_steps(strings: list[str], host: HostEvents) -> Steps:
-    """``ProfilerStep#N`` ranges on the host; GPU-side copies of them are not host events."""
-    numbers = {i: int(m.group(1)) for i, s in enumerate(strings) if (m := _STEP.match(s))}
-    empty = np.zeros(0, dtype=np.int64)
-    if not numbers:
-        return Steps(empty, empty, empty, "none")
-    ids = np.fromiter(numbers.keys(), dtype=np.int32)
-    rows = np.flatnonzero(np.isin(host.name, ids))
-    rows = rows[np.argsort(host.start[rows], kind="stable")]
-    number = np.array([numbers[int(n)] for n in host.name[rows]], dtype=np.int64)
-    # one range per step number: a step recorded twice (two threads) keeps the first
-    _, first = np.unique(number, return_index=True)
-    rows, number = rows[np.sort(first)], number[np.sort(first)]
-    return Steps(number, host.start[rows].copy(), host.end[rows].copy(), "profiler_step")
+def _steps(strings: list[str], host: HostEvents, notes: list[str]) -> Steps:
+    """``ProfilerStep#N`` ranges on the host (GPU-side copies of them are not host events), else an engine's
+    iteration ranges, else annotations named like steps: the first sound set (:mod:`.step_markers`)."""
+    return step_markers.first_sound((
+        step_markers.numbered_ranges(strings, host, step_markers.PROFILER_STEP_NAME, step_markers.PROFILER_STEP),
+        step_markers.engine_iterations(strings, host),
+        step_markers.numbered_ranges(strings, host, step_markers.STEP_NAME, step_markers.NAMED_RANGES,
+                                     annotations_only=True),
+    ), notes)
 
 
 def _match_only_device(meta: TraceMeta, devices: npt.NDArray[np.int32]) -> None:

@@ -41,7 +41,7 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.model.arrays import distinct
-from gpuidle.sources import nsys_db
+from gpuidle.sources import nsys_db, step_markers
 from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.nsys_db import Tables
 
@@ -57,8 +57,6 @@ _NVTX_TAIL = re.compile(r", (seq|op_id|sizes|input_op_ids|stashed seq) = .*$")
 """``emit_nvtx`` appends ``, seq = N, op_id = M, sizes = [...]`` to operator and ``record_function`` names."""
 _PYTORCH_NVTX = re.compile(r"^(aten|c10d|autograd)::|^ProfilerStep#|DataLoader|^Optimizer\.step#")
 _PYTORCH_KERNEL = re.compile(r"at::native::|at_cuda_detail")
-_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_USER_STEP = re.compile(r"^(?:train(?:ing)?[ _-]?)?(?:step|iteration|iter)\s*[#:_ -]?\s*(\d+)$", re.IGNORECASE)
 _RANK_NVTX = re.compile(r"\brank\s*[#:=_ ]?\s*(\d+)\b", re.IGNORECASE)
 RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK")
 WORLD_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE")
@@ -459,23 +457,16 @@ def _timeline(strings: list[str], d: dict[str, I64], h: dict[str, I64], t0: int,
     empty = np.zeros(0, dtype=np.int64)
     collectives = CollectiveCalls(empty, [], [], empty, empty, np.zeros(0, dtype=np.int32))
     return Timeline(strings=strings, threads=threads, device_ops=device_ops, host=host,
-                    collectives=collectives, steps=_steps(strings, host), meta=meta)
+                    collectives=collectives, steps=_steps(strings, host, meta.notes), meta=meta)
 
 
-def _steps(strings: list[str], host: HostEvents) -> Steps:
-    """``ProfilerStep#N`` ranges, else NVTX ranges named like steps (``step 12``, ``train_step#3``)."""
-    empty = np.zeros(0, dtype=np.int64)
-    annotation = host.kind == HostKind.ANNOTATION
-    for pattern, source in ((_PROFILER_STEP, "profiler_step"), (_USER_STEP, "inferred:nvtx_step_ranges")):
-        numbers = {i: int(m.group(1)) for i, s in enumerate(strings) if (m := pattern.match(s))}
-        if not numbers:
-            continue
-        rows = np.flatnonzero(annotation & np.isin(host.name, np.fromiter(numbers, dtype=np.int64)))
-        if rows.size == 0:
-            continue
-        rows = rows[np.argsort(host.start[rows], kind="stable")]
-        number = np.array([numbers[int(n)] for n in host.name[rows]], dtype=np.int64)
-        _, first = np.unique(number, return_index=True)  # a step recorded twice (two threads) keeps the first
-        keep = np.sort(first)
-        return Steps(number[keep], host.start[rows[keep]].copy(), host.end[rows[keep]].copy(), source)
-    return Steps(empty, empty, empty, "none")
+def _steps(strings: list[str], host: HostEvents, notes: list[str]) -> Steps:
+    """``ProfilerStep#N`` ranges, else NVTX ranges named like steps (``step 12``, ``train_step#3``), else an
+    engine's iteration ranges: the first sound set (:mod:`.step_markers`)."""
+    return step_markers.first_sound((
+        step_markers.numbered_ranges(strings, host, step_markers.PROFILER_STEP_NAME, step_markers.PROFILER_STEP,
+                                     annotations_only=True),
+        step_markers.numbered_ranges(strings, host, step_markers.STEP_NAME, step_markers.NAMED_RANGES,
+                                     annotations_only=True),
+        step_markers.engine_iterations(strings, host),
+    ), notes)

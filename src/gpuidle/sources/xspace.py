@@ -7,7 +7,7 @@ files is one job, ranks numbered in host-name order. What each part becomes:
 - device lines ``Stream #N(Kernel|MemcpyH2D|...)``: kernels, copies (``Memcpy*``, or a
   ``memcpy_details`` stat) and sets; NCCL/RCCL kernels and XLA collectives (``hlo_op``
   ``all-reduce``, ``all-gather``, ``reduce-scatter``, ``all-to-all``, ``collective-permute``,
-  their ``-start``/``-done``) are communication. Derived lines (``XLA Ops``, ``Steps``) are skipped.
+  their ``-start``/``-done``) are communication. Derived lines (``XLA Ops``) are skipped, except ``Steps``.
 - host lines: one thread each. Driver/runtime calls (``cuLaunchKernel``, ``hipMemcpy*``...,
   any event with a ``correlation_id``) are runtime calls linked to their device work; a line
   holding only such calls is the API view of a thread whose TraceMe events lie on another
@@ -17,9 +17,9 @@ files is one job, ranks numbered in host-name order. What each part becomes:
   (``$file.py:N fn``) are dropped except those that load data or wait. Flows (``_p``/``_c``
   stats) from one thread to another are the timeline's handoffs; without flows (the trace JSON
   has none), each thread dispatching compiled programs hands work to each launching thread.
-- steps: ``step_num`` markers (``jax.profiler.StepTraceAnnotation``,
-  ``tf.profiler.experimental.Trace(..., step_num=N, _r=1)``); without them, the repeated calls
-  of the longest-running compiled program, with a note.
+- steps: the ``Steps`` line of the device planes, where the profiler wrote one; else ``step_num``
+  markers (``jax.profiler.StepTraceAnnotation``, ``tf.profiler.experimental.Trace(..., step_num=N,
+  _r=1)``); without either, the repeated calls of the longest-running compiled program, with a note.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.model.arrays import distinct
-from gpuidle.sources import xplanes
+from gpuidle.sources import step_markers, xplanes
 from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.xplanes import Line, Plane, Space
 from gpuidle.sources.xspace_files import PB_SUFFIX
@@ -55,6 +55,8 @@ JSON_SUFFIX = ".trace.json.gz"
 _GPU_PLANE = re.compile(r"^/device:GPU:(\d+)")
 _FOREIGN_PLANE = re.compile(r"^/device:(TPU|CUSTOM|XPU|NPU)", re.IGNORECASE)
 _STREAM = re.compile(r"^Stream #(\d+)")
+STEPS_LINE = "Steps"
+"""The device plane's line of steps, derived by the profiler from its step grouping (TensorFlow, JAX)."""
 _XLA_COLLECTIVE = re.compile(
     r"^%?(ragged-)?(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|collective-broadcast)"
     r"(-start|-done)?([.\d]*)$"
@@ -115,7 +117,7 @@ def build(space: Space, path: str) -> Timeline:
                          kind=host["kind"].astype(np.int8), name=host["name"].astype(np.int32),
                          correlation=np.where(host["kind"] == _RUNTIME, host["corr"], -1).astype(np.int64))
     meta = TraceMeta(path=path, format=FORMAT, t0_ns=t0, notes=list(space.notes))
-    steps = _marked_steps(host, t0)
+    steps = step_markers.first_sound((_device_steps(gpu, strings, t0), _marked_steps(host, t0)), meta.notes)
     if len(steps) == 0:
         steps, note = _program_steps(host, strings, t0)
         meta.notes.append(note)
@@ -319,12 +321,26 @@ def _handoffs(cols: dict[str, I64], threads: list[tuple[str, str]], strings: lis
 # ----------------------------------------------------------------------------------
 
 
+def _device_steps(gpu: list[tuple[int, Plane]], strings: list[str], t0: int) -> Steps:
+    """The ``Steps`` line the profiler derives on each GPU plane (one range per step, named by its number, over the
+    device work of that step): a step is its ranges on every device together, from the first start to the last
+    end."""
+    lines = [ln for _, plane in gpu for ln in plane.lines if ln.name == STEPS_LINE and ln.start.size]
+    if not lines:
+        return step_markers.none()
+    numbered = np.array([int(s) if s.isdecimal() and len(s) <= 18 else -1 for s in strings], dtype=np.int64)
+    number = np.concatenate([numbered[ln.name_id] for ln in lines])
+    start = np.concatenate([ln.start for ln in lines])
+    end = np.concatenate([ln.end for ln in lines])
+    ok = number >= 0
+    return step_markers.merged_spans(number[ok], start[ok] - t0, end[ok] - t0, step_markers.DEVICE_STEPS)
+
+
 def _marked_steps(host: dict[str, I64], t0: int) -> Steps:
     """``step_num`` markers: of the marker names, the one with the most steps; one range per step number."""
     rows = np.flatnonzero(host["step"] >= 0)
-    empty = np.zeros(0, dtype=np.int64)
     if rows.size == 0:
-        return Steps(empty, empty, empty, "none")
+        return step_markers.none()
     names = distinct(host["name"][rows])
     best = max(names, key=lambda n: (distinct(host["step"][rows[host["name"][rows] == n]]).size, -n))
     rows = rows[host["name"][rows] == best]
@@ -332,7 +348,8 @@ def _marked_steps(host: dict[str, I64], t0: int) -> Steps:
     number = host["step"][rows]
     _, first = np.unique(number, return_index=True)
     rows = rows[np.sort(first)]
-    return Steps(host["step"][rows].copy(), host["start"][rows] - t0, host["end"][rows] - t0, "profiler_step")
+    return Steps(host["step"][rows].copy(), host["start"][rows] - t0, host["end"][rows] - t0,
+                 step_markers.PROFILER_STEP)
 
 
 def _program_steps(host: dict[str, I64], strings: list[str], t0: int) -> tuple[Steps, str]:
