@@ -119,8 +119,10 @@ def test_exposed_communication(jobs: dict[str, AnalysisReport]) -> None:
     for r in report.ranks:
         d = r.primary()
         assert max(d.idle_by_cause_s, key=lambda c: d.idle_by_cause_s[c]) == "communication"
-    top = heads(report)[0]
-    assert top.id == "comm_compression"
+    # on a busy machine one rank can be measurably slower than the other all run long, and is then named a
+    # straggler in its own right (seen in loaded runs, either rank); the communication fix leads the rest
+    top = next(r for r in heads(report) if not r.id.startswith("straggler_rank_"))
+    assert top.id == "comm_compression", [(r.id, r.gain.step_s_saved) for r in heads(report)]
     g = top.gain
     assert g.basis == "modelled"
     assert g.assumption is not None

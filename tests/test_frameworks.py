@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuidle.advice import comm_rules, frameworks, rules
+from gpuidle.advice import comm_rules, frameworks, precision, rules
 from gpuidle.advice.whatif import Effect, Proposal, placeholder
 from gpuidle.model import Recommendation
 
 
 def _rule_ids() -> set[str]:
-    source = Path(rules.__file__).read_text() + Path(comm_rules.__file__).read_text()
+    source = "".join(Path(m.__file__).read_text() for m in (rules, comm_rules, precision))
     return set(re.findall(r'x\.rec\(\s*"(\w+)"', source))
 
 
@@ -72,6 +72,8 @@ def test_tensorflow_apis_exist() -> None:
     assert hasattr(tf.distribute.Strategy, "experimental_distribute_dataset")
     assert callable(tf.keras.mixed_precision.set_global_policy)
     assert callable(tf.keras.mixed_precision.LossScaleOptimizer)
+    assert tf.config.experimental.tensor_float_32_execution_enabled()  # the default the tf32 fix restores
+    assert callable(tf.config.experimental.enable_tensor_float_32_execution)
     assert "jit_compile" in _params(tf.function)
     assert {"jit_compile", "steps_per_execution"} <= _params(tf.keras.Model.compile)
     assert "gradient_accumulation_steps" in _params(tf.keras.optimizers.SGD.__init__)
@@ -84,6 +86,19 @@ def test_tensorflow_apis_exist() -> None:
         pass
 
 
+def test_torch_tf32_apis_exist() -> None:
+    """The tf32 fix's PyTorch lines set what they say (checked on a copy of the settings, restored after)."""
+    torch = pytest.importorskip("torch")
+    matmul, conv = torch.get_float32_matmul_precision(), torch.backends.cudnn.conv.fp32_precision
+    try:
+        exec(compile(precision.TF32_FIX, "tf32_fix", "exec"), {"torch": torch})
+        assert torch.get_float32_matmul_precision() == "high"
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.conv.fp32_precision = conv
+
+
 def test_jax_apis_exist() -> None:
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
@@ -93,6 +108,8 @@ def test_jax_apis_exist() -> None:
                jax.tree_util.tree_map, jax.grad, jnp.stack, jnp.mean, jnp.zeros_like, jnp.add):
         assert callable(fn)
     assert jnp.bfloat16 is not None
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert jax.config.jax_default_matmul_precision == "tensorfloat32"
     options = jax.profiler.ProfileOptions()
     options.host_tracer_level, options.python_tracer_level = 2, 1
     assert "profiler_options" in _params(jax.profiler.trace)

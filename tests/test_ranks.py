@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import DATA
@@ -257,3 +258,17 @@ def test_the_rows_add_up_to_the_exposed_time_and_gains_start_from_a_printed_step
     for x in rank_scoped:
         assert x.rank is not None
         assert x.gain.step_s_before == pytest.approx(own[x.rank], rel=1e-6), x.id
+
+
+def test_the_geometric_interval_leaves_out_steps_without_a_finite_log_ratio() -> None:
+    """A step whose own time is zero (or whose fastest peer's is) has no finite log-ratio: it is left out, with
+    no warning, and the interval is that of the other steps."""
+    import warnings
+
+    from gpuidle.analysis.ranks import score_interval
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        low, high = score_interval(np.array([0.0, 1.2, 1.3, 1.25, np.inf]), geometric=True)
+        assert (low, high) == pytest.approx(score_interval(np.array([1.2, 1.3, 1.25]), geometric=True))
+        assert score_interval(np.array([0.0]), geometric=True) == (1.0, 1.0)

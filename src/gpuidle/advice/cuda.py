@@ -59,6 +59,12 @@ CUDA_FIXES: dict[str, tuple[str, str]] = {
         "// or onto another thread; see where the host time goes:\n"
         "// nsys profile --trace=cuda,nvtx,osrt --sample=process-tree ./app",
     ),
+    "tf32": (
+        "GEMMs/convolutions run in plain fp32 on the SIMT cores: let cuBLAS and cuDNN use TF32",
+        "cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH);    // fp32 data, TF32 tensor cores (sm >= 80)\n"
+        "cudnnSetConvolutionMathType(conv_desc, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);\n"
+        "// and check that NVIDIA_TF32_OVERRIDE is not set to 0 in the job's environment: it turns TF32 off",
+    ),
     "mixed_precision": (
         "GEMMs/convolutions run in fp32: use the tensor cores (TF32 or 16-bit inputs)",
         "cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH);    // fp32 data, TF32 tensor cores (sm >= 80)\n"

@@ -72,6 +72,9 @@ TENSORFLOW: dict[str, Wording | None] = {
         "# move Python preprocessing into the pipeline, where it runs in parallel ahead of the step\n"
         "dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)\n"
         "# and compile the step: @tf.function(jit_compile=True)"),
+    "tf32": Wording(
+        "Matrix multiplies and convolutions run in plain float32: allow TensorFloat-32 (one line)",
+        "tf.config.experimental.enable_tensor_float_32_execution(True)   # on by default: was it turned off?"),
     "mixed_precision": Wording(
         "Matrix multiplies and convolutions run in float32: use Keras mixed precision",
         "tf.keras.mixed_precision.set_global_policy(\"mixed_{dtype}\")   # before building the model\n"
@@ -160,6 +163,10 @@ JAX: dict[str, Wording | None] = {
         "Host-side Python between steps holds the GPU back",
         "# move preprocessing into grain transforms (worker processes) or into the jitted step,\n"
         "# and keep Python out of the loop: @functools.partial(jax.jit, donate_argnums=(0,))"),
+    "tf32": Wording(
+        "Matrix multiplies and convolutions run in plain float32: let XLA use TensorFloat-32 (one line)",
+        "jax.config.update(\"jax_default_matmul_precision\", \"tensorfloat32\")   # fp32 arrays kept\n"
+        "# or around the step only: with jax.default_matmul_precision(\"tensorfloat32\"): ..."),
     "mixed_precision": Wording(
         "Matrix multiplies and convolutions run in float32: compute in {dtype}",
         "params = jax.tree_util.tree_map(lambda p: p.astype(jnp.{dtype}), params)   # compute copy\n"
@@ -316,6 +323,10 @@ KERAS: dict[str, Wording | None] = {
         "# move preprocessing into the input pipeline, where it runs ahead of the step:\n"
         "dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)   # or PyDataset(workers=8)\n"
         "# and keep per-batch callbacks light: they run on the training thread between steps"),
+    "tf32": Wording(
+        "Matrix multiplies and convolutions run in plain float32: let XLA use TensorFloat-32 (one line)",
+        "jax.config.update(\"jax_default_matmul_precision\", \"tensorfloat32\")   # fp32 arrays kept\n"
+        "# or around the step only: with jax.default_matmul_precision(\"tensorfloat32\"): ..."),
     "mixed_precision": Wording(
         "Matrix multiplies and convolutions run in float32: use Keras mixed precision",
         "keras.mixed_precision.set_global_policy(\"mixed_{dtype}\")   # before building the model\n"

@@ -16,8 +16,9 @@ import msgspec
 import numpy as np
 
 from gpuidle.advice.comm_rules import exposed_all_to_all, exposed_communication
-from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, engine_batch, engine_precision, graph_fix
-from gpuidle.advice.hardware import UNKNOWN, amp_dtype, amp_snippet, hardware
+from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, engine_batch, graph_fix
+from gpuidle.advice.hardware import hardware
+from gpuidle.advice.precision import mixed_precision, tf32
 from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _ms, removes, removes_between
 from gpuidle.advice.whatif import Effect, Proposal, excess, placeholder, rank_state
 from gpuidle.analysis.steps import counted
@@ -202,42 +203,6 @@ def cpu_work(x: RuleInput) -> list[Proposal]:
     )]
 
 
-AMP_SPEEDUP_LOW, AMP_SPEEDUP_HIGH = 1.5, 2.0
-"""Speed-up of a GEMM/conv's time moved from fp32 to fp16/bf16 matrix units: the conservative end of
-what mixed precision measures in training (the datasheets' peak ratios are 2× TF32 and 8-16× plain
-fp32 on V100-H100; real GEMMs reach a fraction of peak, and memory-bound layers gain less)."""
-
-
-def mixed_precision(x: RuleInput) -> list[Proposal]:
-    k = x.report.kernels
-    if k.reduced_precision_gemm_share is None or k.reduced_precision_gemm_share > 0.5 or k.gemm_share < 0.3:
-        return []
-    hw = x.hw
-    fp32_gemm_s = x.per_window_step(k.total_s * k.gemm_share * (1 - k.reduced_precision_gemm_share))
-    evidence: dict[str, object] = {
-        "gemm_share_of_kernel_time": round(k.gemm_share, 3),
-        "reduced_precision_share_of_gemm": round(k.reduced_precision_gemm_share, 3),
-        "fp32_gemm_ms_per_step": _ms(fp32_gemm_s), "hardware": hw.label, "dtype": "bf16" if hw.bf16 else "fp16",
-    }
-    units = hw.matrix_units
-    if hw.tensor_cores is False:
-        effect = Effect(reason=f"{hw.label} has no {units}: fp16 halves memory traffic, "
-                               "but the GEMM speed-up cannot be estimated")
-    else:
-        speedup = f"{AMP_SPEEDUP_LOW:g}–{AMP_SPEEDUP_HIGH:g}×"
-        evidence["assumption"] = f"fp32 GEMM/conv time shrinks {speedup} on the {units}" + (
-            "; hardware unknown: precision advice assumes a tensor-core GPU" if hw.platform == UNKNOWN else
-            f"; the trace records no compute capability: {units} assumed" if hw.tensor_cores is None else "")
-        effect = removes_between(1 - 1 / AMP_SPEEDUP_LOW, 1 - 1 / AMP_SPEEDUP_HIGH, busy=fp32_gemm_s)
-    engine = engine_precision(x.report.workload, amp_dtype(hw))
-    title = "GEMMs/convolutions run in fp32: " + ("load the model in 16 bits" if engine else
-                                                  "use mixed precision (torch.autocast)")
-    return [x.rec(
-        "mixed_precision", COMPUTE, title, evidence, engine or amp_snippet(hw, x.inference), effect,
-        confidence="medium" if hw.tensor_cores else "low",
-    )]
-
-
 def cudnn_benchmark(x: RuleInput) -> list[Proposal]:
     k = x.report.kernels
     if k.conv_share < 0.2:
@@ -319,7 +284,7 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
 
 RULES: list[Rule] = [
     dataloader_workers, remove_host_sync, pinned_memory, cuda_graphs, zero_grad_set_to_none, larger_batch, cpu_work,
-    mixed_precision, cudnn_benchmark, exposed_communication, exposed_all_to_all, explain_unattributed,
+    tf32, mixed_precision, cudnn_benchmark, exposed_communication, exposed_all_to_all, explain_unattributed,
 ]
 
 

@@ -26,10 +26,10 @@ from gpuidle.model import I64, CollectiveStat, CommReport, DeviceOpKind, Timelin
 from gpuidle.model.arrays import runs
 
 _CANONICAL = [
-    (re.compile(r"all_?reduce", re.I), "all_reduce"),
+    (re.compile(r"all_?reduce|cross_device_reduce", re.I), "all_reduce"),
     (re.compile(r"all_?gather", re.I), "all_gather"),
     (re.compile(r"reduce_?scatter", re.I), "reduce_scatter"),
-    (re.compile(r"all_?to_?all|sendrecv", re.I), "all_to_all"),
+    (re.compile(r"all_?to_?all|sendrecv|dispatch|combine", re.I), "all_to_all"),  # MoE dispatch/combine (DeepEP)
     (re.compile(r"broadcast", re.I), "broadcast"),
     (re.compile(r"^reduce$|_reduce_|kernel_reduce", re.I), "reduce"),
     (re.compile(r"barrier", re.I), "barrier"),

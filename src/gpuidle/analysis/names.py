@@ -43,7 +43,14 @@ DATA_LOADING: Fact = (
 ``device_put`` of a batch, grain."""
 FILE_READ: Fact = (re.compile("^(" + "|".join(sorted(FILE_READ_CALLS)) + ")$"),)
 """File reads of a thread that drives the GPU (Nsight's OS runtime trace): loading, but no step marker."""
-COLLECTIVE_HOST: Fact = (re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)"),)
+COLLECTIVE_HOST: Fact = (
+    re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)"),
+    re.compile(r"^P?MPI_(I?[sS]end|Is?send|I?[bBrR]send|Ibsend|Irsend|I?[rR]ecv|Sendrecv\w*|I?[bB]cast|I?[rR]educe\w*"
+               r"|I?[aA]ll(reduce|gather\w*|toall\w*)|I?[gG]ather\w*|I?[sS]catter\w*|I?[bB]arrier|I?[nN]eighbor_\w+"
+               r"|Wait\w*|Test\w*|I?[pP]robe|Put|Get|Accumulate|Win_\w+)$"),
+)
+"""Host calls that communicate: PyTorch's collectives (c10d, NCCL and gloo ranges, ``record_param_comms``) and MPI's
+(Nsight's MPI trace: ``MPI_Send``, ``MPI_Allreduce``, ``MPI_Wait``...)."""
 PROFILER_STEP: Fact = (re.compile(r"^ProfilerStep#\d+$"),)
 REGION: Fact = (re.compile(
     r"^(ProfilerStep#|Optimizer\.\w+#|Torch-Compiled Region|TorchDynamo|## .* ##$|CompiledFxGraph"
@@ -67,15 +74,32 @@ ENGINE: Fact = (re.compile(r"vllm|sglang"),)
 OPTIMIZER_STEP: Fact = (re.compile(r"^Optimizer\.step#"),)
 LAUNCH_CALLS: Fact = (re.compile(r"Launch"), re.compile(r"^((cuda|hip)Memset|cuMemset)"))
 
-# Kernel-name facts, of lowercased names
-GEMM: Fact = (re.compile(r"gemm|gemv|cutlass|cijk_|matmul|_mma|wgmma|cublas|xmma"),)
-CONV: Fact = (re.compile(r"conv|cudnn|implicit_gemm|winograd|dgrad|wgrad|fprop"),)
+# Kernel-name facts, of lowercased names (tests/test_kernel_classes.py: a table of real kernel names from cuBLAS,
+# cuDNN, CUTLASS, Triton, Eigen, rocBLAS/hipBLASLt, MIOpen and XLA, each with its class)
+GEMM: Fact = (re.compile(r"gemm|gemv|cutlass|cijk_|matmul|_mma|wgmma|cublas|xmma|nvjet|_tem_fused_\w*mm"),)
+"""Matrix multiplies: cuBLAS (``ampere_sgemm_*``, ``sm90_xmma_gemm_*``, ``nvjet_*``), CUTLASS, rocBLAS/hipBLASLt
+(``Cijk_*``), Triton's matmul templates (``triton_tem_fused_mm``, ``_addmm``, ``_bmm``)."""
+CONV: Fact = (re.compile(r"conv(?!er)|implicit_gemm|implicit_convolve|winograd|dgrad|wgrad|fprop|scudnn|hcudnn"
+                         r"|\dcudnn|igemm_(fwd|bwd|wrw)"),)
+"""Convolutions: cuDNN's (``implicit_convolve_sgemm``, ``*_fprop_*``, ``*dgrad*``, ``volta_scudnn_*``,
+``s884cudnn``), MIOpen's (``MIOpenConv*``, ``naive_conv_*``, ``igemm_fwd_*``); never a conversion (``convert``,
+``TensorConversionOp``) or cuDNN's other kernels (batch norm, layout changes)."""
+NOT_MATRIX_MATH: Fact = (
+    re.compile(r"eigenmetakernel|tensorconversionop|elementwise|reduce_kernel|(?<!broad)cast|(?:^|[_:])convert|transpose"
+               r"|nchwtonhwc|nhwctonchw|\bbn_|batchnorm|_norm_|softmax|memcpy|memset|fill"),
+)
+"""Kernels whose names mention a matrix library or a convolution but that are elementwise, a cast, a reduction, a
+layout change or a normalisation (Eigen's ``EigenMetaKernel<... TensorConversionOp<Eigen::half ...>>``, cuDNN's
+``bn_fw_tr_*`` and ``nchwToNhwcKernel``, XLA's ``convert`` fusions): never GEMM or convolution time."""
 REDUCED_PRECISION: Fact = (
     re.compile(r"884|1688|16816|16832|s16|h16|bf16|fp16|f16|half|bfloat|tensorop|_hmma|hgemm|e4m3|e5m2|fp8|hhs|bbs|_hb_"
-               r"|_bb_|_hh_"),
+               r"|_bb_|_hh_|tf32|nvjet|triton_tem"),
     re.compile(r"h(?<=\bh)\w*gemm"),  # \bh\w*gemm, led by its literal
 )
-FOLDED = frozenset({DATA_LOADING, ENGINE, GEMM, CONV, REDUCED_PRECISION})
+"""(Of a GEMM or convolution.) Runs in 16 or 8 bits or on the matrix units (TF32 included: ``s1688gemm``,
+``tf32``); the rest is plain fp32 on the SIMT cores (``sgemm``). Triton's matmuls and cuBLAS's ``nvjet`` kernels
+run ``dot`` on the matrix units."""
+FOLDED = frozenset({DATA_LOADING, ENGINE, GEMM, CONV, NOT_MATRIX_MATH, REDUCED_PRECISION})
 """The patterns written in lowercase, for lowercased names."""
 
 
@@ -135,7 +159,7 @@ class NameClasses(msgspec.Struct, frozen=True):
             compiled=mask(COMPILED),
             graph_launch=mask(GRAPH_LAUNCH),
             engine=mask(ENGINE),
-            gemm=mask(GEMM),
-            conv=mask(CONV),
+            gemm=mask(GEMM) & ~mask(NOT_MATRIX_MATH),
+            conv=mask(CONV) & ~mask(NOT_MATRIX_MATH),
             reduced_precision=mask(REDUCED_PRECISION),
         )

@@ -44,10 +44,15 @@ def score_interval(ratios: np.ndarray, geometric: bool = False) -> tuple[float, 
     """95 % t-interval of the mean of per-step scores (own step time / the fastest other rank's).
 
     ``geometric``: of their geometric mean (the t-interval of the log-ratios), for step times whose
-    boundaries are coarse, where one near-zero step of the fastest rank would blow up the arithmetic mean.
+    boundaries are coarse, where one near-zero step of the fastest rank would blow up the arithmetic mean; a step
+    whose own time is zero there (its whole step a wait), or whose fastest peer's is, has no finite logarithm
+    and is left out of it.
     """
-    if geometric and ratios.size:
-        low, high = score_interval(np.log(ratios))
+    if geometric:
+        positive = ratios[(ratios > 0) & np.isfinite(ratios)]
+        if positive.size == 0:
+            return 1.0, 1.0
+        low, high = score_interval(np.log(positive))
         return float(np.exp(low)), float(np.exp(high))
     n = ratios.size
     if n < 2:

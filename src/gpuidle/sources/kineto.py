@@ -38,7 +38,13 @@ from gpuidle.sources.kineto_columns import MAX_SPAN_US
 from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.kineto_read import read_columns
 
-_COLLECTIVE_KERNEL = re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.IGNORECASE)
+_COLLECTIVE_KERNEL = re.compile(
+    r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel|^msccl|mscclpp|deep_ep::|pplx::|nvshmemi?_|\bucc_"
+    r"|cross_device_reduce|custom_?all_?reduce|(one|two)_shot_all_reduce|multimem_(all_reduce|all_gather|reduce)",
+    re.IGNORECASE,
+)
+"""Communication kernels: NCCL/RCCL, MSCCL and MSCCL++, DeepEP's and pplx's expert dispatch and combine,
+NVSHMEM-based kernels, UCC's, vLLM's custom all-reduce and PyTorch's symmetric-memory all-reduce kernels."""
 
 FORMAT = "kineto"
 
