@@ -48,18 +48,25 @@ def remove_host_sync(x: RuleInput) -> list[Proposal]:
     k = x.report.kernels
     if x.share(Cause.HOST_SYNC) < MIN_SHARE:
         return []
+    evidence: dict[str, object] = {
+        "host_sync_ms_per_step": _ms(x.idle(Cause.HOST_SYNC)),
+        "sync_calls_per_step": round(k.syncs_per_step, 2), "item_calls_per_step": round(k.item_calls_per_step, 2)}
+    sources = x.report.sync_sources
+    if sources:
+        evidence["waits_from"] = {s.function[:120]: f"{_ms(x.per_window_step(s.idle_s))} ms/step, {s.share:.0%}"
+                                  for s in sources}
+    where = "".join(f"# waits from {s.function[:100]}: {s.share:.0%} of the sync idle\n" for s in sources[:3])
     return [x.rec(
         "remove_host_sync", Cause.HOST_SYNC,
         "Stop synchronizing with the GPU every step (.item(), .cpu(), torch.cuda.synchronize())",
-        {"host_sync_ms_per_step": _ms(x.idle(Cause.HOST_SYNC)),
-         "sync_calls_per_step": round(k.syncs_per_step, 2), "item_calls_per_step": round(k.item_calls_per_step, 2)},
-        INFERENCE_SYNC if x.inference else
-        "# find the syncs: warns at every synchronizing call\n"
-        "torch.cuda.set_sync_debug_mode(\"warn\")\n"
-        "# keep running metrics on the GPU and read them rarely\n"
-        "running_loss += loss.detach()\n"
-        "if step % 100 == 0:\n"
-        "    print(running_loss.item() / 100); running_loss.zero_()",
+        evidence,
+        where + (INFERENCE_SYNC if x.inference else
+                 "# find the syncs: warns at every synchronizing call\n"
+                 "torch.cuda.set_sync_debug_mode(\"warn\")\n"
+                 "# keep running metrics on the GPU and read them rarely\n"
+                 "running_loss += loss.detach()\n"
+                 "if step % 100 == 0:\n"
+                 "    print(running_loss.item() / 100); running_loss.zero_()"),
         removes(Cause.HOST_SYNC, x.idle(Cause.HOST_SYNC)),
     )]
 

@@ -90,6 +90,9 @@ class DeviceIdle(msgspec.Struct, frozen=True):
     """``launch_overhead`` ns per step under ``Optimizer.zero_grad`` ranges."""
     python: tuple[I64, I64, I64]
     """Idle segments charged to Python functions: ``(start, end, host row of the innermost function)``."""
+    sync_sources: tuple[I64, I64, I64]
+    """``host_sync`` idle segments: ``(start, end, host row of the innermost frame of the user's program around
+    the waiting call)``, the row -1 where the trace holds no such frame (recorded without ``with_stack``)."""
 
     @property
     def window_ns(self) -> int:
@@ -239,6 +242,9 @@ def _device_idle(
     py_seg = label == python_layer
     python = (seg_s[py_seg], seg_e[py_seg], innermost(host.start, host.end, np.flatnonzero(feeding & is_py),
                                                         seg_s[py_seg]))
+    sync_seg = cause == CAUSE_INDEX[Cause.HOST_SYNC]
+    user_frames = np.flatnonzero(feeding & is_py & ~names.library_python[host.name])
+    sync_sources = (seg_s[sync_seg], seg_e[sync_seg], innermost(host.start, host.end, user_frames, seg_s[sync_seg]))
     b_s, b_e, _ = iv.label_segments(busy, [], extra_points=bounds)
     b_step = np.clip(np.searchsorted(bounds, b_s, side="right") - 1, 0, n_steps - 1)
     step_busy = np.bincount(b_step, weights=(b_e - b_s), minlength=n_steps)
@@ -250,6 +256,7 @@ def _device_idle(
         step_startup=np.rint(step_startup).astype(np.int64),
         step_zero_grad=np.rint(step_zero_grad).astype(np.int64),
         python=python,
+        sync_sources=sync_sources,
     )
     result.self_check()
     return result

@@ -72,6 +72,14 @@ GRAPH_LAUNCH: Fact = (re.compile(r"^((cuda|hip)GraphLaunch|cuGraphLaunch)"),)
 ENGINE: Fact = (re.compile(r"vllm|sglang"),)
 """(Lowercased names.)"""
 OPTIMIZER_STEP: Fact = (re.compile(r"^Optimizer\.step#"),)
+LIBRARY_PYTHON: Fact = (
+    re.compile(r"^(<built-in|<frozen|<string>|nn\.Module: |torch/|torchvision/|transformers/|lightning/|accelerate/"
+               r"|deepspeed/|numpy/|jax/|flax/|keras/|tensorflow/|contextlib\.py|threading\.py|functools\.py"
+               r"|abc\.py|typing\.py|enum\.py)"),
+    re.compile(r"/(site|dist)-packages/|/lib/python3\.\d+/"),
+)
+"""Python frames (Kineto ``python_function``, ``file.py(line): name``) of the interpreter and the libraries rather
+than of the user's program: built-in methods, module-call markers, torch and the frameworks, the standard library."""
 LAUNCH_CALLS: Fact = (re.compile(r"Launch"), re.compile(r"^((cuda|hip)Memset|cuMemset)"))
 
 # Kernel-name facts, of lowercased names (tests/test_kernel_classes.py: a table of real kernel names from cuBLAS,
@@ -125,6 +133,7 @@ class NameClasses(msgspec.Struct, frozen=True):
     collective_host: np.ndarray
     profiler_step: np.ndarray
     optimizer_step: np.ndarray
+    library_python: np.ndarray
     region: np.ndarray
     zero_grad: np.ndarray
     training_op: np.ndarray
@@ -153,6 +162,7 @@ class NameClasses(msgspec.Struct, frozen=True):
             collective_host=mask(COLLECTIVE_HOST),
             profiler_step=mask(PROFILER_STEP),
             optimizer_step=mask(OPTIMIZER_STEP),
+            library_python=mask(LIBRARY_PYTHON),
             region=mask(REGION),
             zero_grad=mask(ZERO_GRAD),
             training_op=mask(TRAINING_OPS),

@@ -31,6 +31,7 @@ from gpuidle.model import (
     RankReport,
     StartupCost,
     StepReport,
+    SyncSource,
     Timeline,
     Window,
 )
@@ -111,7 +112,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         communication=communication,
         world_size=tl.meta.world_size, backend=tl.meta.backend, host_events=events,
         startup=startup_costs(tl, startup, primary), workload=kind,
-        python_hotspots=python_hotspots(tl, primary),
+        python_hotspots=python_hotspots(tl, primary), sync_sources=sync_sources(tl, primary),
         unmeasured=[HOST_ACTIVITY] if not (events["cpu_ops"] or events["runtime_calls"]) and primary.idle_ns else [],
     )
     step_of = np.clip(np.searchsorted(bounds, seg_s[exposed], side="right") - 1, 0, bounds.size - 2)
@@ -183,6 +184,21 @@ def python_hotspots(tl: Timeline, device: DeviceIdle) -> list[PythonHotspot]:
     sums = np.bincount(names, weights=(e - s)[known])
     top = np.argsort(-sums)[:TOP_PYTHON]
     return [PythonHotspot(function=tl.strings[int(i)], idle_s=_s(sums[i])) for i in top if sums[i] > 0]
+
+
+def sync_sources(tl: Timeline, device: DeviceIdle) -> list[SyncSource]:
+    """The user's functions the host waited on the GPU from, by the ``host_sync`` idle under them, largest first;
+    none where the trace has no Python stacks around its waits."""
+    s, e, row = device.sync_sources
+    total = int((e - s).sum())
+    known = row >= 0
+    if not known.any() or total <= 0:
+        return []
+    names = tl.host.name[row[known]]
+    sums = np.bincount(names, weights=(e - s)[known])
+    top = np.argsort(-sums)[:TOP_PYTHON]
+    return [SyncSource(function=tl.strings[int(i)], idle_s=_s(sums[i]), share=round(float(sums[i]) / total, 4))
+            for i in top if sums[i] > 0]
 
 
 def _accumulation_repeats(coll: Collectives, on_device: np.ndarray) -> int:

@@ -195,6 +195,17 @@ class PythonHotspot(msgspec.Struct):
     """Device idle per window while this was the innermost Python function and no operator ran."""
 
 
+class SyncSource(msgspec.Struct):
+    """A function of the user's program the host waited on the GPU from (``host_sync``)."""
+
+    function: str
+    """As the trace's Python stacks name it: ``train.py(42): check`` (file, the line the function starts on, name)."""
+    idle_s: float
+    """Device idle per window while the host waited in a call made inside this function."""
+    share: float
+    """Of the rank's ``host_sync`` idle."""
+
+
 class RankReport(msgspec.Struct):
     rank: int
     path: str
@@ -218,6 +229,8 @@ class RankReport(msgspec.Struct):
     """Training or inference, eager or compiled or graph-replaying, and the serving engine: what fixes fit."""
     python_hotspots: list[PythonHotspot] = []
     """Where the Python stacks (``with_stack=True``) put the host during idle with no operator running."""
+    sync_sources: list[SyncSource] = []
+    """Where the Python stacks put the host's waits on the GPU (``host_sync``), largest first."""
     unmeasured: list[str] = []
     """What this run could not measure, said in the headline, its first fix how to measure it: ``data_loading``
     (a Keras fit not given ``callback.dataset``: its time counts as busy), ``host_activity`` (a trace of device
