@@ -3,11 +3,15 @@ matrix multiplies, convolutions, what runs on the matrix units, and communicatio
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpuidle.analysis.comm import canonical_collective
 from gpuidle.analysis.names import NameClasses
+from gpuidle.api import analyze
 from gpuidle.sources.kineto import is_collective_kernel
+from minitrace import Trace
 
 GEMM, CONV, OTHER = "gemm", "conv", "other"
 SIMT, MATRIX = "fp32 SIMT", "matrix units"
@@ -120,3 +124,31 @@ def test_compute_kernels_are_not_communication(name: str) -> None:
 def test_mpi_calls_are_host_communication() -> None:
     names = ["MPI_Send", "MPI_Irecv", "MPI_Allreduce", "MPI_Waitall", "MPI_Init", "MPI_Comm_rank", "PMPI_Bcast"]
     assert NameClasses.of(names).collective_host.tolist() == [True, True, True, True, False, False, True]
+
+
+def test_deepep_dispatch_and_combine_are_exposed_all_to_all(tmp_path: Path) -> None:
+    """A DeepSeek-style MoE step: DeepEP's dispatch and combine kernels on their own stream, half of each beside the
+    experts' GEMMs. They are communication, not compute: busy is the GEMMs alone, the uncovered halves are exposed
+    all-to-all, and the expert-parallel fix is named."""
+    t = Trace()
+    for i in range(4):
+        base = i * 10_000.0
+        t.step(i, base, 10_000)
+        t.launch(at=base, call_dur=5, start=base + 100, dur=2000, stream=20,
+                 name="void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*)")
+        t.launch(at=base + 10, call_dur=5, start=base + 1100, dur=4000,
+                 name="sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_kernel")
+        t.launch(at=base + 20, call_dur=5, start=base + 4100, dur=2000, stream=20,
+                 name="void deep_ep::intranode::combine<__nv_bfloat16, 8, 768>(int4*, float*, int*)")
+        t.launch(at=base + 30, call_dur=5, start=base + 6200, dur=3700,
+                 name="void at::native::vectorized_elementwise_kernel<4, float>(int)")
+    report = analyze([t.write(tmp_path / "moe.json.gz")])
+    (rank,) = report.ranks
+    device = rank.primary()
+    assert device.busy_s * 1e6 == pytest.approx(4 * (4000 + 3700))
+    assert {c.collective for c in rank.communication.collectives} == {"all_to_all"}
+    assert sum(c.count for c in rank.communication.collectives) == 8
+    # exposed: dispatch [100, 1100) and combine [5100, 6100) of each step: 2,000 µs a step
+    exposed = sum(sec for s in rank.steps for key, sec in s.exposed_comm_s.items() if key.startswith("all_to_all"))
+    assert exposed * 1e6 == pytest.approx(4 * 2000)
+    assert "moe_all_to_all_overlap" in {r.id for r in report.recommendations}
