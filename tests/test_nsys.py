@@ -283,3 +283,22 @@ def test_fewer_columns_read_as_far_as_they_go(tmp_path: Path) -> None:
     # unlinked, so no launch is known to be in flight: [0,10) and [600,610) are runtime calls on the
     # host, the rest of [300,700) is unexplained
     assert causes_us(r) == {"launch_overhead": 20, "unattributed": 390}
+
+
+def test_mpi_ranges_are_communication(tmp_path: Path) -> None:
+    """Nsight's MPI trace writes each call as a range (``MPI_Allreduce``, ``MPI_Wait``): the device's idle inside
+    one is communication, not unexplained; an ``MPI_Comm_rank`` is no communication."""
+    e = Export()
+    for n, start in ((1, 0), (2, 1000)):
+        e.nvtx(f"iteration {n}", start, 1000)
+        e.launch(at=start, call_dur=10, start=start + 10, dur=390)
+        e.nvtx("MPI_Allreduce", start + 420, 300)
+        e.nvtx("MPI_Comm_rank", start + 730, 20)
+        e.launch(at=start + 780, call_dur=10, start=start + 800, dur=200)
+    (r,) = run(e, tmp_path).ranks
+    causes = causes_us(r)
+    assert causes["communication"] == pytest.approx(2 * 300)
+    # the rest of each step's idle: [0, 10) and [780, 800) launching, [400, 420) and [720, 780) nothing the trace
+    # explains (MPI_Comm_rank included)
+    assert causes["unattributed"] + causes.get("launch_overhead", 0.0) == pytest.approx(2 * (10 + 20 + 20 + 60))
+    assert sum(causes.values()) == pytest.approx(2 * (10 + 20 + 300 + 60 + 20))
