@@ -299,3 +299,33 @@ def test_bytes_on_the_wire_on_a_real_trace() -> None:
     got = sum(c.bytes for c in rank.communication.collectives if c.collective == "all_reduce")
     assert got == expected
     assert {c.dtype for c in rank.communication.collectives if c.collective == "all_reduce"} == {"float32"}
+
+
+def test_a_cuda_graph_capture_is_start_up_not_a_per_step_cause(tmp_path: Path) -> None:
+    """A window that is mostly a one-time capture: 300 launches recorded between ``cudaStreamBeginCapture`` and
+    ``cudaStreamEndCapture`` (the device runs nothing meanwhile) and an instantiation, then three replays. The
+    capture's span and the instantiation are start-up, left out of the steps; no per-step host fix is drawn from
+    them."""
+    t = Trace()
+    t.step(0, 0, 40_000)
+    t.runtime("cudaStreamBeginCapture", 100, 20)
+    for i in range(300):
+        t.op("aten::mm", 200 + i * 100, 90)
+        t.runtime("cudaLaunchKernel", 210 + i * 100, 8)   # captured: no kernel runs
+    t.runtime("cudaStreamEndCapture", 30_300, 200)
+    t.runtime("cudaGraphInstantiateWithFlags", 30_600, 2_000)
+    for n in (1, 2, 3):
+        base = 40_000.0 + (n - 1) * 5_000
+        t.step(n, base, 5_000)
+        t.launch(at=base, call_dur=10, start=base + 20, dur=4_900, call="cudaGraphLaunch")
+    rank = run(t, tmp_path).ranks[0]
+    captures = sorted((round(c.start_s / US), round(c.dur_s / US), c.name) for c in rank.startup
+                      if c.kind == "graph_capture")
+    assert captures == [(100, 30_400, "CUDA graph capture (cudaStreamBeginCapture .. cudaStreamEndCapture)"),
+                        (30_600, 2_000, "cudaGraphInstantiateWithFlags")]
+    d = rank.primary()
+    assert d.startup_s == pytest.approx((30_400 + 2_000) * US)
+    # the rest of step 0 (no GPU work at all) is no steady step; the replays are
+    assert rank.steps[0].excluded == "no_gpu_work"
+    assert [s.excluded for s in rank.steps[1:]] == [None, None, None]
+    assert "move_cpu_work" not in ids(run(t, tmp_path))

@@ -14,7 +14,10 @@ A call is a start-up cost when it lasts at least :data:`STARTUP_MIN_NS` and
   times the median launch (or names module loading itself);
 - ``allocation``: no allocation that long comes in a later step (growth that stopped, not churn);
 - ``stream``: it creates a stream or event;
-- ``compile``: it is a compilation range.
+- ``compile``: it is a compilation range;
+- ``graph_capture``: it captures a CUDA/HIP graph, from ``cudaStreamBeginCapture`` to the ``EndCapture``
+  that closes it on the same thread (the launches in between are recorded, not run: the device idles), or
+  instantiates one (``cudaGraphInstantiate``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ MODULE = re.compile(r"^cuModuleLoad|^cuLibraryLoad|^hipModuleLoad|^cudaFuncGetAt
 ALLOCATION = re.compile(r"^(cuda|hip)Malloc|^cuMemAlloc|^cuMemCreate|^(cuda|hip)HostAlloc$|^hipHostMalloc$"
                         r"|^hipExtMalloc")
 STREAM = re.compile(r"^(cuda|hip)StreamCreate|^cuStreamCreate|^(cuda|hip)EventCreate")
+BEGIN_CAPTURE = re.compile(r"^(cuda|hip)StreamBeginCapture|^cuStreamBeginCapture")
+END_CAPTURE = re.compile(r"^(cuda|hip)StreamEndCapture|^cuStreamEndCapture")
+INSTANTIATE = re.compile(r"^(cuda|hip)GraphInstantiate|^cuGraphInstantiate")
 COMPILE = re.compile(
     r"compile_inner|compile_fx|call_user_compiler|inductor_compile|create_aot_dispatcher_function|async_compile"
     r"|^nvrtcCompileProgram$|^cuLink(Complete|Create)|^(hip|cu)rtcCompileProgram|XlaCompile|BackendCompile"
@@ -50,21 +56,25 @@ COMPILE = re.compile(
 
 
 class Startup(msgspec.Struct, frozen=True):
-    """Start-up calls: rows in ``tl.host``, their kind, and a readable name."""
+    """Start-up calls: rows in ``tl.host``, their kind, a readable name, and the span each covers (its call's
+    range; a graph capture's runs from its ``BeginCapture`` row to the ``EndCapture`` that closes it)."""
 
     rows: I64
     kind: list[str]
     label: list[str]
+    start: I64
+    end: I64
 
-    def ranges(self, tl: Timeline) -> iv.Intervals:
-        return iv.union(tl.host.start[self.rows], tl.host.end[self.rows])
+    def ranges(self) -> iv.Intervals:
+        return iv.union(self.start, self.end)
 
 
 def find_startup(tl: Timeline, names: NameClasses, window: StepWindow, launchers: I64) -> Startup:
     host, strings = tl.host, tl.strings
     found: dict[int, tuple[str, str]] = {}
     if not strings:
-        return Startup(np.zeros(0, dtype=np.int64), [], [])
+        empty = np.zeros(0, dtype=np.int64)
+        return Startup(empty, [], [], empty, empty)
     long = np.flatnonzero(host.end - host.start >= STARTUP_MIN_NS)  # only a long call can be start-up
     name = host.name[long]
     rt = host.kind[long] == HostKind.RUNTIME
@@ -84,8 +94,36 @@ def find_startup(tl: Timeline, names: NameClasses, window: StepWindow, launchers
         found.setdefault(int(i), ("compile", strings[host.name[i]]))
     _allocations(tl, window, long[rt & classes["allocation"][name]], found)
     _first_launches(tl, names, launchers, found)
+    ends = _graph_captures(tl, found)
     rows = np.array(sorted(found, key=lambda r: (int(host.start[r]), r)), dtype=np.int64)
-    return Startup(rows, [found[int(r)][0] for r in rows], [found[int(r)][1] for r in rows])
+    end = np.array([ends.get(int(r), int(host.end[r])) for r in rows], dtype=np.int64)
+    return Startup(rows, [found[int(r)][0] for r in rows], [found[int(r)][1] for r in rows],
+                   host.start[rows].copy(), end)
+
+
+def _graph_captures(tl: Timeline, found: dict[int, tuple[str, str]]) -> dict[int, int]:
+    """Graph captures and instantiations: each ``BeginCapture`` row with the end of the ``EndCapture`` that
+    closes it on its thread (the whole capture is one cost, however short each call), and each instantiation of
+    at least :data:`STARTUP_MIN_NS`. Returns the capture rows' span ends."""
+    host, strings = tl.host, tl.strings
+    ids = {kind: np.array([i for i, s in enumerate(strings) if p.match(s)], dtype=np.int64)
+           for kind, p in (("begin", BEGIN_CAPTURE), ("end", END_CAPTURE), ("instantiate", INSTANTIATE))}
+    rt = host.kind == HostKind.RUNTIME
+    ends: dict[int, int] = {}
+    begins = np.flatnonzero(rt & np.isin(host.name, ids["begin"]))
+    closes = np.flatnonzero(rt & np.isin(host.name, ids["end"]))
+    for b in begins.tolist():
+        mine = closes[(host.thread[closes] == host.thread[b]) & (host.start[closes] >= host.start[b])]
+        if mine.size == 0:
+            continue
+        close = int(mine[np.argmin(host.start[mine])])
+        if int(host.end[close]) - int(host.start[b]) >= STARTUP_MIN_NS:
+            found[b] = ("graph_capture", f"CUDA graph capture ({strings[host.name[b]]} .. {strings[host.name[close]]})")
+            ends[b] = int(host.end[close])
+    for i in np.flatnonzero(rt & np.isin(host.name, ids["instantiate"])).tolist():
+        if host.end[i] - host.start[i] >= STARTUP_MIN_NS:
+            found.setdefault(i, ("graph_capture", strings[host.name[i]]))
+    return ends
 
 
 def _first_of_name(host: HostEvents, i: int) -> bool:

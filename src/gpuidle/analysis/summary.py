@@ -61,7 +61,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     launchers = launcher_rows(tl)
     window = step_window(tl, names, launchers)
     startup = find_startup(tl, names, window, launchers)
-    idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges(tl))
+    idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges())
     kernels = kernel_facts(tl, names, window)
     coll = find_collectives(tl, window, launchers)
     primary = max(idle, key=lambda d: (d.busy_ns, -d.device))
@@ -111,7 +111,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         devices=devices, steps=steps, kernels=kernels,
         communication=communication,
         world_size=tl.meta.world_size, backend=tl.meta.backend, host_events=events,
-        startup=startup_costs(tl, startup, primary), workload=kind,
+        startup=startup_costs(startup, primary), workload=kind,
         python_hotspots=python_hotspots(tl, primary), sync_sources=sync_sources(tl, primary),
         unmeasured=[HOST_ACTIVITY] if not (events["cpu_ops"] or events["runtime_calls"]) and primary.idle_ns else [],
     )
@@ -157,20 +157,19 @@ def _steps_with_gpu_work(tl: Timeline, bounds: I64) -> np.ndarray:
     return counts[: bounds.size - 1] > 0
 
 
-def startup_costs(tl: Timeline, startup: Startup, device: DeviceIdle) -> list[StartupCost]:
-    """Each start-up call once, with the device idle under it (a call nested in an earlier one adds none), the
-    costliest first."""
+def startup_costs(startup: Startup, device: DeviceIdle) -> list[StartupCost]:
+    """Each start-up cost once (a call, or a graph capture's span), with the device idle under it (one nested in an
+    earlier one adds none), the costliest first."""
     seg_s, seg_e, cause = device.segments
     apart = (seg_s[cause == STARTUP_LABEL], seg_e[cause == STARTUP_LABEL])
     out = []
     claimed = 0
-    for row, kind, label in zip(startup.rows.tolist(), startup.kind, startup.label, strict=True):
-        s, e = int(tl.host.start[row]), int(tl.host.end[row])
-        s = max(s, claimed)
-        under = iv.total(iv.clip(apart, s, e)) if e > s else 0
-        claimed = max(claimed, e)
-        out.append(StartupCost(kind=kind, name=label, start_s=_s(tl.host.start[row]),
-                               dur_s=_s(tl.host.end[row] - tl.host.start[row]), idle_s=_s(under)))
+    for begin, end, kind, label in zip(startup.start.tolist(), startup.end.tolist(), startup.kind, startup.label,
+                                       strict=True):
+        s = max(begin, claimed)
+        under = iv.total(iv.clip(apart, s, end)) if end > s else 0
+        claimed = max(claimed, end)
+        out.append(StartupCost(kind=kind, name=label, start_s=_s(begin), dur_s=_s(end - begin), idle_s=_s(under)))
     return sorted(out, key=lambda c: (-c.idle_s, c.start_s))  # what it cost the device first, as reports list it
 
 

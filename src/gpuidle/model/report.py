@@ -166,10 +166,10 @@ class CommReport(msgspec.Struct):
 
 class StartupCost(msgspec.Struct):
     """A one-time cost: context creation, module loading on a first launch, first allocations, stream
-    creation, compilation. Shown once; left out of per-step figures and gains."""
+    creation, compilation, a CUDA graph's capture. Shown once; left out of per-step figures and gains."""
 
     kind: str
-    """``context``, ``module_load``, ``allocation``, ``stream``, ``compile``."""
+    """``context``, ``module_load``, ``allocation``, ``stream``, ``compile``, ``graph_capture``."""
     name: str
     """The call, e.g. ``cudaFree``, ``cudaLaunchKernel (first launch of volta_sgemm_128x64_nn)``."""
     start_s: float
