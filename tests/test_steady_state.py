@@ -89,3 +89,24 @@ def test_a_sliver_of_busy_time_makes_no_outlier() -> None:
     assert steady_state(dur, busy=sliver) == [None] * 8
     rebuilt = [6.0, 6.1, 9.9, 6.0, 6.2, 6.1, 6.0, 6.1]  # step 2's compute held a 3.8 ms one-time wait
     assert steady_state(dur, busy=rebuilt) == [None, None, OUTLIER, None, None, None, None, None]
+
+
+def test_a_profiles_last_step_cut_short_is_left_out(tmp_path: Path) -> None:
+    """Steps of 150-190 ms and a last one of 40 ms where the profile stopped: the last is ``truncated``, out of the
+    mean step; a last step of ordinary length stays."""
+    from minitrace import Trace
+
+    from gpuidle.api import analyze
+
+    def job(durations_ms: list[float]) -> list[str | None]:
+        t = Trace()
+        at = 0.0
+        for n, dur in enumerate(durations_ms):
+            t.step(n, at * 1000, dur * 1000)
+            t.launch(at=at * 1000, call_dur=10, start=at * 1000 + 20, dur=dur * 1000 * 0.6)
+            at += dur
+        (rank,) = analyze([t.write(tmp_path / f"cut{len(durations_ms)}.json.gz")]).ranks
+        return [s.excluded for s in rank.steps]
+
+    assert job([150, 190, 146, 180, 40]) == [None, None, None, None, "truncated"]
+    assert job([150, 190, 146, 180, 120, 160]) == [None] * 6

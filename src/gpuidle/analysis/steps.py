@@ -86,6 +86,10 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
 WARMUP = "warmup"
 PROFILER = "profiler"
 OUTLIER = "outlier"
+TRUNCATED = "truncated"
+"""The profile's last step, cut short where the recording stopped."""
+TRUNCATED_SHARE = 0.5
+"""A last step under half the median of the others is cut, not fast: steps of one loop differ by far less."""
 NO_GPU_WORK = "no_gpu_work"
 """A step in which no device work starts: nothing steady to measure (a trailing profiler step, a stall)."""
 MAD_K = 5.0
@@ -136,6 +140,19 @@ def _beyond(values: npt.NDArray[np.float64], rest: npt.NDArray[np.intp], least: 
     mad = 1.4826 * float(np.median(np.abs(values[rest] - median)))
     out: npt.NDArray[np.bool_] = values > median + max(MAD_K * mad, MIN_EXCESS * median, least)
     return out
+
+
+def truncated_last(dur: npt.ArrayLike, excluded: list[str | None]) -> list[str | None]:
+    """``excluded`` with the last step marked :data:`TRUNCATED` where it lasted under :data:`TRUNCATED_SHARE` of the
+    median of the other steady steps (at least two of them): a profile stops where it stops, mid-step as often as
+    not, and a cut step in the mean would shorten every per-step figure."""
+    d = np.asarray(dur, dtype=np.float64)
+    others = [i for i in range(d.size - 1) if excluded[i] is None]
+    if d.size < MIN_STEPS_TO_JUDGE or len(others) < 2 or excluded[-1] is not None:
+        return excluded
+    if d[-1] < TRUNCATED_SHARE * float(np.median(d[others])):
+        return [*excluded[:-1], TRUNCATED]
+    return excluded
 
 
 def after_profiling(profiled: npt.ArrayLike) -> npt.NDArray[np.bool_]:
