@@ -11,6 +11,7 @@ from gpuidle.analysis.series import rank_report
 from gpuidle.api import analyze, analyze_series
 from gpuidle.model import StepSeries
 from gpuidle.report.terminal import TerminalRenderer
+from minitrace import Trace
 
 MS = 1_000_000
 
@@ -94,10 +95,6 @@ def test_a_sliver_of_busy_time_makes_no_outlier() -> None:
 def test_a_profiles_last_step_cut_short_is_left_out(tmp_path: Path) -> None:
     """Steps of 150-190 ms and a last one of 40 ms where the profile stopped: the last is ``truncated``, out of the
     mean step; a last step of ordinary length stays."""
-    from minitrace import Trace
-
-    from gpuidle.api import analyze
-
     def job(durations_ms: list[float]) -> list[str | None]:
         t = Trace()
         at = 0.0

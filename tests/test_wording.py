@@ -230,7 +230,8 @@ def test_the_program_named_is_the_one_that_runs(tmp_path: Path, training: bool, 
     assert ("train.py" in fix) is training
 
 
-def serving_step(tmp_path: Path, training: bool, engine: str | None = None) -> AnalysisReport:
+def serving_step(tmp_path: Path, training: bool, engine: str | None = None,
+                 python: str = "serve.py(42): postprocess") -> AnalysisReport:
     """Per 2000 µs step: the GEMM's operator dispatches and launches it over [0, 15) (launch overhead), the fp32
     GEMM runs [15, 815); [815, 820) nothing; ``.item()`` [820, 1120) waits on a synchronize (host sync); Python
     post-processing [1120, 1520) launches nothing (host work); nothing recorded from 1520 to 2000."""
@@ -244,8 +245,23 @@ def serving_step(tmp_path: Path, training: bool, engine: str | None = None) -> A
             t.op(BACKWARD, base + 100, 10)                              # inside the GEMM: no idle changes
         t.op("aten::item", base + 820, 300)
         t.runtime("cudaStreamSynchronize", base + 825, 290)
-        t.x("python_function", "serve.py(42): postprocess", base + 1120, 400)
+        t.x("python_function", python, base + 1120, 400)
     return analyze([t.write(tmp_path / "serve.json.gz")])
+
+
+@pytest.mark.parametrize(("engine", "graphs"), [
+    ("vllm", "llm = LLM(model=model_name, enforce_eager=False)"),
+    ("sglang", "without --disable-cuda-graph"),
+])
+def test_host_work_in_the_models_own_forward_is_met_with_graphs(tmp_path: Path, engine: str, graphs: str) -> None:
+    """The Python under an engine's idle is the model's forward and its MoE routing: nothing to move off the serving
+    thread; replaying the forward as a CUDA graph is the fix."""
+    frame = f"{engine}/model_executor/models/deepseek_v2.py(512): forward"
+    fix = by_id(serving_step(tmp_path, training=False, engine=engine, python=frame))["move_cpu_work"]
+    assert "the model's own forward: replay it as a CUDA graph" in fix.fix
+    assert graphs in fix.fix
+    assert "off the serving thread" not in fix.fix
+    assert fix.evidence["python_in_model_forward_share"] == 1.0
 
 
 def test_inference_gets_inference_snippets(tmp_path: Path) -> None:
@@ -279,6 +295,27 @@ def test_an_engine_runs_in_16_bits_by_its_dtype(tmp_path: Path, engine: str, fix
     assert amp.title == "GEMMs/convolutions run in fp32: load the model in 16 bits"
     assert amp.fix == fix
     assert amp.gain.basis == "modelled"
+
+
+def test_a_compiled_model_is_not_told_to_compile(tmp_path: Path) -> None:
+    """Host work between the launches of a model under torch.compile is its wrapper's Python: the fix replays CUDA
+    graphs, and no plain ``torch.compile(model)`` is offered for a model that already is."""
+    t = Trace()
+    for n in range(4):
+        base = n * 2000
+        t.step(n + 1, base, 2000)
+        t.annotation("Torch-Compiled Region: 0/0", base, 1600)
+        t.op(BACKWARD, base + 2, 3)
+        t.launch(at=base + 5, call_dur=10, start=base + 15, dur=800, name="triton_poi_fused_add_0")
+        t.op("inductor::assert_size_stride", base + 820, 700)
+        t.launch(at=base + 1530, call_dur=10, start=base + 1545, dur=400, name="triton_per_fused_sum_1")
+    report = analyze([t.write(tmp_path / "compiled.json.gz")])
+    w = report.ranks[0].workload
+    assert w is not None
+    assert w.execution == "compiled"
+    fix = by_id(report)["move_cpu_work"].fix
+    assert 'model = torch.compile(model, mode="reduce-overhead")' in fix
+    assert "model = torch.compile(model)\n" not in fix
 
 
 def test_training_keeps_the_training_snippets(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ modules (framework-specific texts) key on them.
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import numpy as np
 
@@ -188,26 +190,48 @@ def larger_batch(x: RuleInput) -> list[Proposal]:
     )]
 
 
+MODEL_CODE = re.compile(r"forward\b|/models?/|/layers?/|moe|expert|attention|/modeling_", re.IGNORECASE)
+"""Python frames of a model's own forward pass (its modules, layers, attention, MoE routing), not pre- or
+post-processing around it."""
+MODEL_CODE_SHARE = 0.5
+
+
 def cpu_work(x: RuleInput) -> list[Proposal]:
     if x.share(Cause.CPU_COMPUTE) < 0.10:
         return []
     evidence: dict[str, object] = {"cpu_compute_ms_per_step": _ms(x.idle(Cause.CPU_COMPUTE))}
-    if x.report.python_hotspots:
-        evidence["python_at_idle_ms"] = {h.function[:120]: _ms(x.per_window_step(h.idle_s))
-                                         for h in x.report.python_hotspots}
+    hotspots = x.report.python_hotspots
+    if hotspots:
+        evidence["python_at_idle_ms"] = {h.function[:120]: _ms(x.per_window_step(h.idle_s)) for h in hotspots}
     locate = ("# where: the Python functions in the evidence (from the trace's stacks)" if x.python_stacks else
               "# locate it: torch.profiler.profile(..., with_stack=True) and sort by self CPU time")
+    return [x.rec(
+        "move_cpu_work", Cause.CPU_COMPUTE, "Host-side work that launches nothing holds the GPU back", evidence,
+        _host_work_fix(x, evidence) + locate, removes(Cause.CPU_COMPUTE, x.idle(Cause.CPU_COMPUTE)),
+    )]
+
+
+def _host_work_fix(x: RuleInput, evidence: dict[str, object]) -> str:
+    """What to do about host work between launches, by what the trace says it is: the model's own forward pass
+    (replay it as a graph: there is nothing to move), a compiled model's wrapper, or work around the model."""
+    workload = x.report.workload
+    hotspots = x.report.python_hotspots
+    in_model = sum(h.idle_s for h in hotspots if MODEL_CODE.search(h.function))
+    if hotspots and in_model >= MODEL_CODE_SHARE * sum(h.idle_s for h in hotspots):
+        evidence["python_in_model_forward_share"] = round(in_model / sum(h.idle_s for h in hotspots), 3)
+        graphs = graph_fix(workload)
+        if graphs is not None:
+            return "# the Python under the idle is the model's own forward: replay it as a CUDA graph\n" + \
+                graphs[1] + "\n"
+    if workload is not None and workload.execution == "compiled" and workload.engine is None:
+        return ("# the model is compiled: the host time left is its wrapper's Python between launches (guards,\n"
+                "# size checks); replaying CUDA graphs skips it\n"
+                "model = torch.compile(model, mode=\"reduce-overhead\")\n")
     where = ("# move pre- and post-processing off the serving thread (a worker pool), batch it on the GPU\n"
              if x.inference else
              "# move per-sample preprocessing into Dataset.__getitem__ (runs in DataLoader workers)\n")
-    return [x.rec(
-        "move_cpu_work", Cause.CPU_COMPUTE,
-        "Host-side work that launches nothing holds the GPU back",
-        evidence,
-        where + ("" if x.report.workload is not None and x.report.workload.engine else
-                 "# and fuse Python-level tensor code: model = torch.compile(model)\n") + locate,
-        removes(Cause.CPU_COMPUTE, x.idle(Cause.CPU_COMPUTE)),
-    )]
+    eager = workload is None or (workload.engine is None and workload.execution == "eager")
+    return where + ("# and fuse Python-level tensor code: model = torch.compile(model)\n" if eager else "")
 
 
 def cudnn_benchmark(x: RuleInput) -> list[Proposal]:
