@@ -390,3 +390,24 @@ def test_where_steps_come_from_reads_in_the_docs_as_the_reports_say() -> None:
     page = (Path(__file__).parent.parent / "docs" / "numbers.md").read_text()
     rows = dict(re.findall(r"^\| `([\w:]+)` \| (.+?) \|$", page, re.M))
     assert {c: rows[c] for c in STEP_SOURCE_WORDS} == STEP_SOURCE_WORDS
+
+
+def test_the_engine_is_named_by_the_host_not_by_one_kernels_template(tmp_path: Path) -> None:
+    """An SGLang run whose fused MoE kernel is templated on a vLLM type: SGLang's own host events name the engine;
+    a trace whose host names none takes the engine its kernels name."""
+    def engine_of(host_names: list[str], kernel: str) -> str | None:
+        t = Trace()
+        for n in range(3):
+            base = n * 1000
+            t.step(n, base, 1000)
+            for name in host_names:
+                t.op(name, base + 1, 2)
+            t.launch(at=base + 5, call_dur=5, start=base + 20, dur=900, name=kernel)
+        w = analyze([t.write(tmp_path / f"engine{len(host_names)}.json.gz")]).ranks[0].workload
+        assert w is not None
+        return w.engine
+
+    vllm_kernel = "void vllm::moe::moe_align_block_size_kernel<int>(int*, int*, int*)"
+    assert engine_of(["sglang::scheduler::run_batch", "aten::mm"], vllm_kernel) == "sglang"
+    assert engine_of(["aten::mm"], vllm_kernel) == "vllm"
+    assert engine_of(["aten::mm"], "volta_sgemm_128x64_nn") is None

@@ -3,11 +3,13 @@ and the serving engine when one is named. The fixes that fit differ for each."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from gpuidle.analysis.names import NameClasses
 from gpuidle.model import I64, DeviceOpKind, HostKind, Timeline, Workload
-from gpuidle.model.arrays import distinct
 
 MIN_GRAPH_SHARE = 0.5
 """A step replays CUDA graphs when at least half of its kernels come from graph launches."""
@@ -30,7 +32,25 @@ def workload(tl: Timeline, names: NameClasses, launchers: I64) -> Workload | Non
         execution = "compiled"
     else:
         execution = "eager"
-    both = np.concatenate((named, ops.name))
-    engines = {tl.strings[int(i)].lower() for i in distinct(both[names.engine[both]])}
-    engine = next((e for e in ("vllm", "sglang") if any(e in n for n in engines)), None)
+    engine = _engine(tl, names, named) or _engine(tl, names, ops.name[kernels])
     return Workload(mode=mode, execution=execution, engine=engine)
+
+
+ENGINES = ("vllm", "sglang")
+
+
+def _engine(tl: Timeline, names: NameClasses, rows_names: npt.NDArray[np.integer[Any]]) -> str | None:
+    """The serving engine these events name most often: the host's events first (the engine's own Python, ranges
+    and operators), kernels only where the host names none. One kernel templated on another project's type (an
+    SGLang run's ``vllm::`` kernels) names its library, not the engine that runs it."""
+    named = rows_names[names.engine[rows_names]]
+    if named.size == 0:
+        return None
+    ids, counts = np.unique(named, return_counts=True)
+    votes = dict.fromkeys(ENGINES, 0)
+    for i, n in zip(ids.tolist(), counts.tolist(), strict=True):
+        lowered = tl.strings[i].lower()
+        for e in ENGINES:
+            votes[e] += n if e in lowered else 0
+    best = max(ENGINES, key=lambda e: votes[e])
+    return best if votes[best] > 0 else None
