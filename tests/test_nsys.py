@@ -302,3 +302,19 @@ def test_mpi_ranges_are_communication(tmp_path: Path) -> None:
     # explains (MPI_Comm_rank included)
     assert causes["unattributed"] + causes.get("launch_overhead", 0.0) == pytest.approx(2 * (10 + 20 + 20 + 60))
     assert sum(causes.values()) == pytest.approx(2 * (10 + 20 + 300 + 60 + 20))
+
+
+@pytest.mark.parametrize("ranges", [True, False])
+def test_unexplained_idle_says_whether_the_program_marks_ranges(tmp_path: Path, ranges: bool) -> None:
+    """A CUDA program whose idle no host event explains: with NVTX ranges recorded elsewhere in the step, the
+    report says the idle falls outside them, never that the program marks none."""
+    e = Export()
+    for start in (0, 1000):
+        if ranges:
+            e.nvtx("halo exchange", start + 10, 100)
+        e.launch(at=start, call_dur=10, start=start + 10, dur=200)
+        e.launch(at=start + 990, call_dur=5, start=start + 995, dur=5)
+    (rec,) = [r for r in run(e, tmp_path).recommendations if r.id == "record_cpu_activity"]
+    missing = " · ".join(rec.evidence["missing"])  # type: ignore[arg-type]
+    assert ("2 host ranges recorded: the idle falls outside them" in missing) is ranges
+    assert ("not marked with NVTX" in missing) is not ranges

@@ -285,6 +285,8 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
         missing = []
         if ev.get("cpu_ops", 0) == 0:
             missing.append("no CPU operators (ProfilerActivity.CPU was not recorded)")
+            if ev.get("annotations", 0):
+                missing.append(f"{ev['annotations']} host ranges recorded: the idle falls outside them")
         if ev.get("runtime_calls", 0) == 0:
             missing.append("no CUDA/HIP runtime calls")
         elif ev.get("linked_launches", 0) == 0:

@@ -133,7 +133,8 @@ HOST_ACTIVITY = "host_activity"
 
 
 def host_events(tl: Timeline, classes: NameClasses, launchers: I64) -> dict[str, int]:
-    """What the trace recorded on the host, so a report can say what attribution lacked; ``launch_calls`` and
+    """What the trace recorded on the host, so a report can say what attribution lacked (``annotations``: ranges
+    such as ``record_function`` or NVTX ones); ``launch_calls`` and
     ``launch_call_us`` (their summed duration) bound what launching can cost; ``data_loader_calls``: whether the
     program loads its data through a data loader the fixes may name."""
     host = tl.host
@@ -144,6 +145,7 @@ def host_events(tl: Timeline, classes: NameClasses, launchers: I64) -> dict[str,
             "linked_launches": int((launchers >= 0).sum()),
             "graph_or_driver_launches": int((runtime & names[host.name]).sum()) if names.size else 0,
             "python_functions": int((host.kind == HostKind.PYTHON).sum()),
+            "annotations": int((host.kind == HostKind.ANNOTATION).sum()),
             "launch_calls": int(launch.sum()),
             "launch_call_us": int((host.end - host.start)[launch].sum() // 1000),
             "data_loader_calls": int(classes.data_loading[host.name].sum()) if len(tl.strings) else 0}
