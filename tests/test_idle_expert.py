@@ -329,3 +329,17 @@ def test_a_cuda_graph_capture_is_start_up_not_a_per_step_cause(tmp_path: Path) -
     assert rank.steps[0].excluded == "no_gpu_work"
     assert [s.excluded for s in rank.steps[1:]] == [None, None, None]
     assert "move_cpu_work" not in ids(run(t, tmp_path))
+
+
+def test_a_teardown_free_is_not_start_up(tmp_path: Path) -> None:
+    """A long ``cudaFree`` after the device's work has begun frees memory; only one before any device work is
+    context creation."""
+    t = Trace()
+    for n in range(3):
+        base = n * 10_000.0
+        t.step(n, base, 10_000)
+        t.launch(at=base, call_dur=5, start=base + 10, dur=5_000)
+    t.runtime("cudaFree", 25_500, 3_000)
+    rank = run(t, tmp_path).ranks[0]
+    assert [c.kind for c in rank.startup] == []
+    assert rank.primary().startup_s == 0.0
