@@ -65,12 +65,15 @@ class Effect(msgspec.Struct, frozen=True):
     part: str | None = None
     """The idle removed is a named part of its cause's idle (a collective's role; ``zero_grad``: the launches
     of per-parameter fills): it shares no pool with fixes that claim the rest of that cause."""
+    measured_idle: bool = False
+    """The idle is measured and removed whole at every bound; ``low``/``high`` span the busy part alone."""
 
     def at(self, bound: Bound) -> Effect:
         f = {"low": self.low, "nominal": 1.0, "high": self.high}[bound]
         if f == 1.0:
             return self
-        return msgspec.structs.replace(self, idle={c: sec * f for c, sec in self.idle.items()}, busy=self.busy * f)
+        idle = self.idle if self.measured_idle else {c: sec * f for c, sec in self.idle.items()}
+        return msgspec.structs.replace(self, idle=idle, busy=self.busy * f)
 
     @property
     def modelled(self) -> bool:

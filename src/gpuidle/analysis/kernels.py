@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import CopyKind, DeviceOpKind, HostKind, KernelFacts, KernelStat, Timeline
@@ -39,6 +40,10 @@ def kernel_facts(tl: Timeline, names: NameClasses, window: StepWindow) -> Kernel
     syncs = int((h_in & (host.kind == HostKind.RUNTIME) & names.sync_call[host.name]).sum())
     items = int((h_in & (host.kind == HostKind.OP) & (host.name == _id(tl, "aten::item"))).sum())
     pageable = in_window & (ops.copy_kind == CopyKind.HTOD_PAGEABLE)
+    any_pageable = in_window & np.isin(ops.copy_kind, (CopyKind.HTOD_PAGEABLE, CopyKind.DTOH_PAGEABLE))
+    beside = iv.union(ops.start[kern], ops.end[kern])
+    copies = iv.union(ops.start[any_pageable], ops.end[any_pageable])
+    exposed_copy_ns = iv.total(copies) - iv.total(iv.intersect(copies, beside))
     launches = h_in & (host.kind == HostKind.RUNTIME) & names.launch_call[host.name]
     launch_dur = (host.end - host.start)[launches]
     return KernelFacts(
@@ -55,6 +60,7 @@ def kernel_facts(tl: Timeline, names: NameClasses, window: StepWindow) -> Kernel
         pageable_htod_copies=int(pageable.sum()),
         pageable_htod_bytes=int(np.maximum(ops.nbytes[pageable], 0).sum()),
         median_launch_us=float(np.median(launch_dur)) / 1e3 if launch_dur.size else None,
+        pageable_copy_s=exposed_copy_ns / 1e9,
     )
 
 

@@ -9,8 +9,8 @@ every step and every gain, and shown once.
 
 A call is a start-up cost when it lasts at least :data:`STARTUP_MIN_NS` and
 
-- ``context``: it is the first call of its name on its thread, names driver initialisation and starts before any
-  device work (a ``cudaFree`` after it frees memory at teardown);
+- ``context``: it is the first call of its name on its thread, names driver initialisation and device work follows
+  it (a ``cudaFree`` after the last device work frees memory at teardown);
 - ``module_load``: it is the first launch of its kernel and lasts over :data:`FIRST_LAUNCH_FACTOR`
   times the median launch (or names module loading itself);
 - ``allocation``: no allocation that long comes in a later step (growth that stopped, not churn);
@@ -85,9 +85,9 @@ def find_startup(tl: Timeline, names: NameClasses, window: StepWindow, launchers
                  ("compile", COMPILE)):
         classes[k] = np.zeros(len(strings), dtype=bool)
         classes[k][named] = [p.search(strings[i]) is not None for i in named.tolist()]
-    first_work = int(tl.device_ops.start.min()) if len(tl.device_ops.start) else np.iinfo(np.int64).max
+    last_work = int(tl.device_ops.start.max()) if len(tl.device_ops.start) else np.iinfo(np.int64).max
     for i in long[rt & classes["context"][name]]:
-        if _first_of_name(host, int(i)) and host.start[i] < first_work:  # after device work: a teardown, not a start
+        if _first_of_name(host, int(i)) and host.start[i] < last_work:  # with no device work after it: a teardown
             found[int(i)] = ("context", strings[host.name[i]])
     for kind in ("module_load", "stream"):
         for i in long[rt & classes[kind][name]]:

@@ -101,6 +101,9 @@ class KernelFacts(msgspec.Struct):
     pageable_htod_copies: int
     pageable_htod_bytes: int
     median_launch_us: float | None
+    pageable_copy_s: float = 0.0
+    """Device time of copies from or to pageable host memory with no kernel running beside them, in the window:
+    what pinning that memory can shorten."""
 
 
 class CollectiveStat(msgspec.Struct):
