@@ -107,3 +107,21 @@ def test_a_profiles_last_step_cut_short_is_left_out(tmp_path: Path) -> None:
 
     assert job([150, 190, 146, 180, 40]) == [None, None, None, None, "truncated"]
     assert job([150, 190, 146, 180, 120, 160]) == [None] * 6
+
+
+def test_device_events_that_stop_early_are_said_and_their_steps_left_out(tmp_path: Path) -> None:
+    """Ten steps launched, kernels recorded for the first five only (the device trace was cut): a note says so, and
+    the five steps with no device work are left out of the per-step figures."""
+    t = Trace()
+    for n in range(10):
+        base = n * 10_000.0
+        t.step(n, base, 10_000)
+        for k in range(3):
+            if n < 5:
+                t.launch(at=base + k * 100, call_dur=10, start=base + 1_000 + k * 2_000, dur=1_500)
+            else:
+                t.runtime("cudaLaunchKernel", base + k * 100, 10)
+    (rank,) = analyze([t.write(tmp_path / "cut.json.gz")]).ranks
+    assert [s.excluded for s in rank.steps][5:] == ["no_gpu_work"] * 5
+    (note,) = [n for n in rank.notes if "device's events stop" in n]
+    assert "(15 launches after them)" in note

@@ -44,7 +44,32 @@ def quality_notes(tl: Timeline, names: NameClasses, window: StepWindow, kernels:
     empty = [int(n) for n, c in zip(window.steps.number, counts, strict=False) if c == 0]
     if empty:
         notes.append(f"steps with no GPU activity at all: {empty[:10]}")
+    cut = _device_trace_cut(tl, names)
+    if cut:
+        notes.append(cut)
     return notes
+
+
+LAUNCHES_PAST_THE_END = 10
+"""Launch calls after the last device activity ends: a few are the launches still queued when the profile stopped;
+more mean the device's events stop while the host goes on launching."""
+
+
+def _device_trace_cut(tl: Timeline, names: NameClasses) -> str | None:
+    """The device's events stop while the host keeps launching work (a full CUPTI buffer, a device profiler stopped
+    early): said, since the steps past that point have no device work to measure and are left out."""
+    host, ops = tl.host, tl.device_ops
+    if len(ops.start) == 0 or len(host) == 0:
+        return None
+    last = int(ops.end.max())
+    launches = (host.kind == HostKind.RUNTIME) & names.launch_call[host.name] & (host.start > last)
+    n = int(launches.sum())
+    if n < LAUNCHES_PAST_THE_END:
+        return None
+    past = (int(host.end[launches].max()) - last) / 1e6
+    return (f"the device's events stop {past:.1f} ms before the host's last launch ({n} launches after them): the "
+            "device trace is incomplete (a full profiler buffer?); steps past it have no device work and are left "
+            "out")
 
 
 def _overlapping_on_stream(tl: Timeline) -> int:
