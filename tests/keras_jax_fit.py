@@ -2,7 +2,7 @@
 
     python tests/keras_jax_fit.py OUT_DIR MODE [STEPS]     # MODE: data, fast, k4, slow, synced
 ``data``: the input generator sleeps DATA_DELAY_S before each batch; ``fast``: it does not (the data fix's
-after-state); ``k4``: ``data`` with ``steps_per_execution=4``; ``slow``: a rank whose data is slower still;
+after-state); ``k4``: a sleep of K4_DELAY_S with ``steps_per_execution=4``; ``slow``: a rank whose data is slower still;
 ``synced``: ``data`` with a callback that reads every batch's loss and is not ``async_safe``, so Keras reads the
 logs on the loop's thread.
 Rank and world size come from GPUIDLE_RANK / GPUIDLE_WORLD_SIZE (independent processes writing their rank logs
@@ -29,6 +29,9 @@ from gpuidle.keras import GpuidleCallback
 from gpuidle.live.tracker.keras_jax import keras_reads_logs_apart
 
 DATA_DELAY_S = 0.02
+K4_DELAY_S = 0.04
+"""Four batches' compute run in each call: on a busy machine they fill most of a 20 ms sleep, and the wait the
+device shows would shrink below what a fix is drawn for."""
 SLOW_DELAY_S = 0.05
 BATCH, DIM = 256, 512
 
@@ -70,7 +73,7 @@ def main() -> None:
     out, mode = sys.argv[1], sys.argv[2]
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 40
     rank, world = int(os.environ.get("GPUIDLE_RANK", "0")), int(os.environ.get("GPUIDLE_WORLD_SIZE", "1"))
-    delay = {"data": DATA_DELAY_S, "k4": DATA_DELAY_S, "synced": DATA_DELAY_S, "slow": SLOW_DELAY_S}.get(mode, 0.0)
+    delay = {"data": DATA_DELAY_S, "k4": K4_DELAY_S, "synced": DATA_DELAY_S, "slow": SLOW_DELAY_S}.get(mode, 0.0)
     x = np.random.default_rng(0).random((BATCH, DIM), dtype=np.float32)
     y = x[:, :1]
     model = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(DIM, activation="relu"),

@@ -163,3 +163,28 @@ def test_a_cause_no_rule_claims_is_said_with_its_share() -> None:
         if c.value in said:
             assert said[c.value].id == f"unsized_{c.value}"
             assert said[c.value].evidence["share_of_step"] == pytest.approx(share, abs=5e-4)
+
+
+@pytest.mark.parametrize(("every", "steps", "estimable"), [(8, 8, False), (4, 8, True), (1, 8, True), (5, 5, False)])
+def test_a_per_step_gain_needs_a_cause_that_recurs(tmp_path: Path, every: int, steps: int, estimable: bool) -> None:
+    """A 4 ms ``.item()`` wait every ``every``-th of ``steps`` steps of 10 ms: once in the window is an outlier (the
+    fix is named, its gain not estimable, and the report says why); every fourth step is a recurring cost, its mean
+    per step the gain."""
+    t = Trace()
+    for n in range(steps):
+        base = n * 10_000.0
+        t.step(n, base, 10_000)
+        t.launch(at=base, call_dur=5, start=base + 10, dur=4_000)
+        if n % every == every - 1:
+            t.op("aten::item", base + 4_010, 4_000)  # waits on work the trace does not show
+            t.runtime("cudaStreamSynchronize", base + 4_015, 3_990)
+        t.launch(at=base + 8_030, call_dur=5, start=base + 8_040, dur=1_950)
+    report = analyze([t.write(tmp_path / f"sync{every}.json.gz")])
+    (fix,) = [r for r in report.recommendations if r.id == "remove_host_sync"]
+    occurrences = steps // every
+    if estimable:
+        assert fix.gain.step_s_saved == pytest.approx(occurrences * 4_000e-6 / steps, rel=0.01)
+    else:
+        assert fix.gain.step_s_saved is None
+        assert fix.gain.reason is not None
+        assert f"host_sync is in {occurrences} of {steps} steady steps: not a per-step cause" in fix.gain.reason

@@ -383,27 +383,31 @@ def more_steps(x: RuleInput) -> list[Proposal]:
     )]
 
 
-STEADY_SHARE = 0.5
-"""A measured per-step gain needs its cause in at least this share of the steady steps (and two of them)."""
+RECUR_STEPS = 2
+RECUR_SHARE = 0.2
+"""A per-step gain needs its cause to recur: in at least two steady steps and a fifth of them. A cause every few
+steps (a log line every fourth step) costs its mean in every step; one event in one step costs nothing per step.
+Recurring in half the steps would be too strict for causes timed with jitter, whose idle lands in some steps and
+not their neighbours (a tracker's completions stamped in bursts on a busy host)."""
 PRESENT = 0.005
 """A cause is in a step where its idle is at least this share of the step."""
 
 
 def per_step(x: RuleInput, p: Proposal) -> Proposal:
-    """``p`` as it is where each cause it removes recurs in most steady steps; else with its gain not estimable and
+    """``p`` as it is where each cause it removes recurs (:data:`RECUR_SHARE`); else with its gain not estimable and
     the reason: one call in one step, or a window of one step, is no per-step cause."""
     steps = counted(x.report.steps, x.include_all)
     effect = p.effects.get(x.report.rank)
     if effect is None or effect.reason is not None:
         return p
     if len(steps) < 2 and (effect.idle or effect.busy):
-        why = "one step in the window: a per-step gain needs its cause in most of several steps (profile more steps)"
+        why = "one step in the window: a per-step gain needs its cause in several steps (profile more steps)"
         return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
     for cause, seconds in effect.idle.items():
         if seconds <= 0:
             continue
         present = sum(s.idle_by_cause_s.get(cause, 0.0) >= PRESENT * s.dur_s for s in steps if s.dur_s > 0)
-        if present < STEADY_SHARE * len(steps):
+        if present < max(RECUR_STEPS, RECUR_SHARE * len(steps)):
             why = (f"{cause} is in {present} of {len(steps)} steady steps: not a per-step cause (an outlier, named "
                    "once), so no per-step gain is taken from it")
         else:
