@@ -105,6 +105,38 @@ def parse(path: Path) -> RefTrace:
     return t
 
 
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def step_starts(t: RefTrace) -> list[int]:
+    """Where each step starts: its host marker, or, where the first work a step launches waits in the median step
+    a tenth of a step or more before it runs (the host runs ahead), the start of that first work (a step that
+    launched nothing: its marker moved by the median of the others' moves), never before the step before it."""
+    host = [s for _, s, _ in t.steps]
+    if len(t.steps) < 2:
+        return host
+    launch = {h.corr: h.start for h in t.host if h.cat in RUNTIME_CATS and h.corr >= 0}
+    first: dict[int, tuple[int, int]] = {}  # step -> (launched, op start) of the op launched first in it
+    for o in t.device_ops:
+        when = launch.get(o.corr, o.start) if o.corr >= 0 else o.start
+        for i, (_, s, e) in enumerate(t.steps):
+            if s <= when < e and (i not in first or when < first[i][0]):
+                first[i] = (when, o.start)
+    if len(first) < 2:
+        return host
+    gaps = [host[i + 1] - host[i] for i in range(len(host) - 1)]
+    if _median([o - w for w, o in first.values()]) < 0.1 * _median(gaps):
+        return host
+    shift = int(_median([first[i][1] - host[i] for i in first]))
+    out: list[int] = []
+    for i, h in enumerate(host):
+        out.append(max(first[i][1] if i in first else h + shift, out[-1] if out else -(1 << 62)))
+    return out
+
+
 def window(t: RefTrace) -> tuple[int, int]:
     if not t.steps:
         return min(o.start for o in t.device_ops), max(o.end for o in t.device_ops)
@@ -115,7 +147,7 @@ def window(t: RefTrace) -> tuple[int, int]:
         when = launch.get(o.corr, o.start) if o.corr >= 0 else o.start
         if lo <= when < host_end:
             end = max(end, o.end)
-    return lo, end
+    return step_starts(t)[0], end
 
 
 def union_length(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
@@ -153,7 +185,7 @@ def startup_spans(t: RefTrace) -> list[tuple[int, int]]:
                 allocs.append(h)
         if long and COMPILING.search(h.name):
             out.append((h.start, h.end))
-    starts = [s for _, s, _ in t.steps] + [hi] if t.steps else [lo, hi]
+    starts = [*step_starts(t), hi] if t.steps else [lo, hi]
     if len(starts) <= 2 or not any(starts[-2] <= h.start < starts[-1] for h in allocs):
         out += [(h.start, h.end) for h in allocs]
     by_corr = {h.corr: h for h in t.host if h.cat in RUNTIME_CATS and h.corr >= 0}

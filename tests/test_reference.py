@@ -56,6 +56,32 @@ def test_window_busy_idle_match_reference(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", GPU_TRACES)
+def test_step_starts_match_reference(name: str) -> None:
+    """Each step starts at its host marker, or where the device begins its work when the host runs ahead."""
+    t = ref.parse(DATA / name)
+    (rank,) = analyze([DATA / name]).ranks
+    if not t.steps:
+        return
+    starts = ref.step_starts(t)
+    assert [round((s.start_s - rank.steps[0].start_s) * 1e9) for s in rank.steps] == [x - starts[0] for x in starts]
+
+
+def test_a_host_running_ahead_gets_the_devices_steps() -> None:
+    """A V100 trace whose host runs 89 ms ahead of the device: each step from where the device begins its work,
+    as the reference finds them (its timestamps are sub-microsecond and past float64's resolution at their
+    magnitude, so within a microsecond), and steps of one length, not 35, 72, 96, 96 and 185 ms."""
+    name = "ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+    t = ref.parse(DATA / name)
+    (rank,) = analyze([DATA / name]).ranks
+    starts = ref.step_starts(t)
+    assert starts != [s for _, s, _ in t.steps]
+    got = [(s.start_s - rank.steps[0].start_s) * 1e9 for s in rank.steps]
+    assert got == pytest.approx([x - starts[0] for x in starts], abs=1_000)
+    assert [round(s.dur_s * 1e3) for s in rank.steps] == [98, 96, 96, 96, 95]
+    assert any("run ahead of the device" in n for n in rank.notes)
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
 def test_steps_add_up_to_the_window(name: str) -> None:
     (rank,) = analyze([DATA / name]).ranks
     d = rank.primary()

@@ -183,3 +183,30 @@ def test_a_broken_steps_line_is_named_and_passed_over(tmp_path: Path) -> None:
     (note,) = [n for n in rank.notes if "not used" in n]
     assert note == ("2 steps from the profile's Steps line not used, broken: 1 overlapping (step 41 starts 7.000 ms "
                     "before step 40 ends)")
+
+
+def test_steps_are_taken_on_the_device_side_where_the_host_runs_ahead(tmp_path: Path) -> None:
+    """The host marks a step every 10 ms and launches its work at once; the device, busy with earlier steps, starts
+    each step's 10 ms kernel 25 ms after its launch: the steps are where the device runs them, one per kernel,
+    and a note says so. The control: a host that waits 8 ms for data before launching, the device starting at
+    once, keeps its markers."""
+    ahead = Trace()
+    for n in range(5):
+        at = n * 10 * MS
+        ahead.step(n, at, 10 * MS)
+        ahead.launch(at=at + 0.1 * MS, call_dur=10, start=at + 25 * MS, dur=10 * MS)
+    (rank,) = analyze([ahead.write(tmp_path / "ahead.json.gz")]).ranks
+    assert [round((s.start_s - rank.steps[0].start_s) * 1e3, 3) for s in rank.steps] == [0, 10, 20, 30, 40]
+    assert [round(s.busy_s / s.dur_s, 3) for s in rank.steps] == [1.0] * 5
+    (note,) = [n for n in rank.notes if "run ahead of the device" in n]
+    assert "waits 24.90 ms in the median step" in note
+
+    loader = Trace()
+    for n in range(5):
+        at = n * 10 * MS
+        loader.step(n, at, 10 * MS)
+        loader.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", at, 8 * MS)
+        loader.launch(at=at + 8 * MS, call_dur=10, start=at + 8.02 * MS, dur=1.9 * MS)
+    (rank,) = analyze([loader.write(tmp_path / "loader.json.gz")]).ranks
+    assert [round(s.start_s * 1e3, 3) for s in rank.steps] == [0, 10, 20, 30, 40]
+    assert not any("run ahead" in n for n in rank.notes)

@@ -25,6 +25,8 @@ class StepWindow(msgspec.Struct, frozen=True):
     end: int
     kind: str
     """``profiler_steps`` (steps the profile marks itself), ``inferred_steps`` or ``gpu_activity``."""
+    note: str | None = None
+    """Where the steps were moved to the device's side: the host's markers ran ahead of it."""
 
     @property
     def bounds(self) -> I64:
@@ -80,7 +82,43 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     inside = (launched >= start) & (launched < host_end)
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
     kind = "inferred_steps" if steps.source.startswith("inferred:") else "profiler_steps"
-    return StepWindow(steps, start, max(host_end, gpu_end), kind)
+    moved, note = device_side(steps, ops.start, launched)
+    return StepWindow(moved, int(moved.start[0]), max(host_end, gpu_end), kind, note)
+
+
+AHEAD_SHARE = 0.1
+"""The host's step markers run ahead of the device when the first work launched in a step waits, in the median
+step, this share of a step or more in the queue before it starts."""
+
+
+def device_side(steps: Steps, op_start: I64, launched: I64) -> tuple[Steps, str | None]:
+    """``steps`` as the device runs them where the host runs ahead: each step from the start of the first work
+    launched inside its host range (a queue the device works through later), with a note of the lag; else as
+    they are. A step that launched nothing keeps its host start moved by the median lag."""
+    n = len(steps)
+    if n < 2 or op_start.size == 0:
+        return steps, None
+    step_of = np.searchsorted(steps.start, launched, side="right") - 1
+    ok = (step_of >= 0) & (launched < steps.end[np.clip(step_of, 0, n - 1)])
+    rows = np.flatnonzero(ok)
+    rows = rows[np.lexsort((launched[rows], step_of[rows]))]
+    first_rows = rows[np.r_[True, step_of[rows][1:] != step_of[rows][:-1]]] if rows.size else rows
+    if first_rows.size < 2:
+        return steps, None
+    which = step_of[first_rows]
+    queued = op_start[first_rows] - launched[first_rows]
+    lag = float(np.median(queued))
+    if lag < AHEAD_SHARE * float(np.median(np.diff(steps.start))):
+        return steps, None
+    shift = int(np.median(op_start[first_rows] - steps.start[which]))
+    starts = steps.start + shift
+    starts[which] = op_start[first_rows]
+    starts = np.maximum.accumulate(starts)
+    ends = np.append(starts[1:], max(int(steps.end[-1]), int(starts[-1]) + 1))
+    note = (f"the host's step markers run ahead of the device: a step's first work waits {lag / 1e6:.2f} ms in the "
+            f"median step (up to {float(queued.max()) / 1e6:.2f} ms) before it starts; steps are taken where the "
+            "device begins each one's work")
+    return Steps(steps.number, starts.astype(np.int64), ends.astype(np.int64), steps.source), note
 
 
 WARMUP = "warmup"
