@@ -93,8 +93,8 @@ def test_a_sliver_of_busy_time_makes_no_outlier() -> None:
 
 
 def test_a_profiles_last_step_cut_short_is_left_out(tmp_path: Path) -> None:
-    """Steps of 150-190 ms and a last one of 40 ms where the profile stopped: the last is ``truncated``, out of the
-    mean step; a last step of ordinary length stays."""
+    """Steps of 150-190 ms and a last one of 40 ms where the profile stopped (or a first one of 30 ms where it
+    started): it is ``truncated``, out of the mean step; a step of ordinary length stays."""
     def job(durations_ms: list[float]) -> list[str | None]:
         t = Trace()
         at = 0.0
@@ -106,6 +106,7 @@ def test_a_profiles_last_step_cut_short_is_left_out(tmp_path: Path) -> None:
         return [s.excluded for s in rank.steps]
 
     assert job([150, 190, 146, 180, 40]) == [None, None, None, None, "truncated"]
+    assert job([30, 190, 146, 180, 170]) == ["truncated", None, None, None, None]
     assert job([150, 190, 146, 180, 120, 160]) == [None] * 6
 
 

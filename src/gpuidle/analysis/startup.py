@@ -15,7 +15,8 @@ A call is a start-up cost when it lasts at least :data:`STARTUP_MIN_NS` and
   times the median launch (or names module loading itself);
 - ``allocation``: no allocation that long comes in a later step (growth that stopped, not churn);
 - ``stream``: it creates a stream or event;
-- ``compile``: it is a compilation range;
+- ``compile``: it is a compilation or autotuning range (Inductor's and XLA's autotuning, cuDNN's algorithm
+  search);
 - ``graph_capture``: it captures a CUDA/HIP graph, from ``cudaStreamBeginCapture`` to the ``EndCapture``
   that closes it on the same thread (the launches in between are recorded, not run: the device idles), or
   instantiates one (``cudaGraphInstantiate``).
@@ -51,7 +52,7 @@ INSTANTIATE = re.compile(r"^(cuda|hip)GraphInstantiate|^cuGraphInstantiate")
 COMPILE = re.compile(
     r"compile_inner|compile_fx|call_user_compiler|inductor_compile|create_aot_dispatcher_function|async_compile"
     r"|^nvrtcCompileProgram$|^cuLink(Complete|Create)|^(hip|cu)rtcCompileProgram|XlaCompile|BackendCompile"
-    r"|^PjRtCompile|jit_compile",
+    r"|^PjRtCompile|jit_compile|autotune|^cudnnFind\w*Algorithm|benchmark_choice",
     re.IGNORECASE,
 )
 

@@ -125,7 +125,7 @@ WARMUP = "warmup"
 PROFILER = "profiler"
 OUTLIER = "outlier"
 TRUNCATED = "truncated"
-"""The profile's last step, cut short where the recording stopped."""
+"""The profile's first or last step, cut short where the recording started or stopped."""
 TRUNCATED_SHARE = 0.5
 """A last step under half the median of the others is cut, not fast: steps of one loop differ by far less."""
 NO_GPU_WORK = "no_gpu_work"
@@ -180,17 +180,19 @@ def _beyond(values: npt.NDArray[np.float64], rest: npt.NDArray[np.intp], least: 
     return out
 
 
-def truncated_last(dur: npt.ArrayLike, excluded: list[str | None]) -> list[str | None]:
-    """``excluded`` with the last step marked :data:`TRUNCATED` where it lasted under :data:`TRUNCATED_SHARE` of the
-    median of the other steady steps (at least two of them): a profile stops where it stops, mid-step as often as
-    not, and a cut step in the mean would shorten every per-step figure."""
+def truncated_edges(dur: npt.ArrayLike, excluded: list[str | None]) -> list[str | None]:
+    """``excluded`` with the first and the last step marked :data:`TRUNCATED` where it lasted under
+    :data:`TRUNCATED_SHARE` of the median of the other steady steps (at least two of them): a profile starts and
+    stops where it does, mid-step as often as not, and a cut step in the mean would shorten every per-step figure."""
     d = np.asarray(dur, dtype=np.float64)
-    others = [i for i in range(d.size - 1) if excluded[i] is None]
-    if d.size < MIN_STEPS_TO_JUDGE or len(others) < 2 or excluded[-1] is not None:
-        return excluded
-    if d[-1] < TRUNCATED_SHARE * float(np.median(d[others])):
-        return [*excluded[:-1], TRUNCATED]
-    return excluded
+    out = list(excluded)
+    if d.size < MIN_STEPS_TO_JUDGE:
+        return out
+    for edge in (d.size - 1, 0):
+        others = [i for i in range(d.size) if i != edge and out[i] is None]
+        if len(others) >= 2 and out[edge] is None and d[edge] < TRUNCATED_SHARE * float(np.median(d[others])):
+            out[edge] = TRUNCATED
+    return out
 
 
 def after_profiling(profiled: npt.ArrayLike) -> npt.NDArray[np.bool_]:

@@ -19,7 +19,7 @@ from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.quality import quality_notes
 from gpuidle.analysis.sharded import classify, role_split
 from gpuidle.analysis.startup import Startup, find_startup
-from gpuidle.analysis.steps import NO_GPU_WORK, steady_state, step_window, truncated_last
+from gpuidle.analysis.steps import NO_GPU_WORK, steady_state, step_window, truncated_edges
 from gpuidle.analysis.workload import workload
 from gpuidle.model import (
     CAUSES,
@@ -89,7 +89,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     with_work = _steps_with_gpu_work(tl, bounds)
     span = np.diff(bounds) - primary.step_startup
     excluded = steady_state(span) if window.kind != "gpu_activity" else [None]
-    excluded = truncated_last(span, [NO_GPU_WORK if not with_work[i] else e for i, e in enumerate(excluded)])
+    excluded = truncated_edges(span, [NO_GPU_WORK if not with_work[i] else e for i, e in enumerate(excluded)])
     steps = [
         StepReport(
             step=int(window.steps.number[i]), start_s=_s(bounds[i]), dur_s=_s(span[i]),

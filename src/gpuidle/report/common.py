@@ -186,7 +186,7 @@ def shown_recommendations(recs: list[Recommendation], top: int) -> list[Recommen
 def excluded_lines(r: RankReport, kept: bool = False) -> list[str]:
     """``step 0, 4,489 ms: warm-up, left out`` for every step outside steady state."""
     words = {"warmup": "warm-up", "profiler": "profiler start/stop", "outlier": "outlier", "no_gpu_work": "no GPU work",
-             "truncated": "cut short where the profile stopped"}
+             "truncated": "cut short where the profile started or stopped"}
     how = "kept (--include-warmup)" if kept else "left out of per-step figures and gains"
     return [f"step {s.step}, {ms(s.dur_s)}: {words.get(s.excluded, s.excluded)}, {how}"
             for s in r.steps if s.excluded is not None]
