@@ -406,10 +406,12 @@ def per_step(x: RuleInput, p: Proposal) -> Proposal:
     for cause, seconds in effect.idle.items():
         if seconds <= 0:
             continue
-        present = sum(s.idle_by_cause_s.get(cause, 0.0) >= PRESENT * s.dur_s for s in steps if s.dur_s > 0)
+        where = [s for s in steps if s.dur_s > 0 and s.idle_by_cause_s.get(cause, 0.0) >= PRESENT * s.dur_s]
+        present = len(where)
         if present < max(RECUR_STEPS, RECUR_SHARE * len(steps)):
-            why = (f"{cause} is in {present} of {len(steps)} steady steps: not a per-step cause (an outlier, named "
-                   "once), so no per-step gain is taken from it")
+            named = ", ".join(f"step {s.step}: {s.idle_by_cause_s[cause] * 1e3:.2f} ms" for s in where)
+            why = (f"{cause} is in {present} of {len(steps)} steady steps{f' ({named})' if named else ''}: not a "
+                   "per-step cause (an outlier, named once), so no per-step gain is taken from it")
         else:
             continue
         return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
