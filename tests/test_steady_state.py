@@ -126,3 +126,11 @@ def test_device_events_that_stop_early_are_said_and_their_steps_left_out(tmp_pat
     assert [s.excluded for s in rank.steps][5:] == ["no_gpu_work"] * 5
     (note,) = [n for n in rank.notes if "device's events stop" in n]
     assert "(15 launches after them)" in note
+
+
+def test_steps_unalike_among_themselves_tell_nothing_of_a_cut() -> None:
+    """Steps inferred from calls of uneven work (60, 27, 4 and 46 ms): a last one of 2.6 ms is not called cut."""
+    from gpuidle.analysis.steps import truncated_edges
+
+    assert truncated_edges([59.9, 26.8, 3.8, 46.1, 2.6], [None] * 5) == [None] * 5
+    assert truncated_edges([150, 190, 146, 180, 40], [None] * 5) == [None] * 4 + ["truncated"]

@@ -127,7 +127,11 @@ OUTLIER = "outlier"
 TRUNCATED = "truncated"
 """The profile's first or last step, cut short where the recording started or stopped."""
 TRUNCATED_SHARE = 0.5
-"""A last step under half the median of the others is cut, not fast: steps of one loop differ by far less."""
+"""A first or last step under half the median of the others is cut, not fast: steps of one loop differ by far
+less..."""
+TRUNCATED_SPREAD = 0.25
+"""...where the others are alike (their scaled MAD at most a quarter of their median); steps that differ by more
+among themselves (steps inferred from calls of uneven work) tell nothing of a cut."""
 NO_GPU_WORK = "no_gpu_work"
 """A step in which no device work starts: nothing steady to measure (a trailing profiler step, a stall)."""
 MAD_K = 5.0
@@ -182,15 +186,20 @@ def _beyond(values: npt.NDArray[np.float64], rest: npt.NDArray[np.intp], least: 
 
 def truncated_edges(dur: npt.ArrayLike, excluded: list[str | None]) -> list[str | None]:
     """``excluded`` with the first and the last step marked :data:`TRUNCATED` where it lasted under
-    :data:`TRUNCATED_SHARE` of the median of the other steady steps (at least two of them): a profile starts and
-    stops where it does, mid-step as often as not, and a cut step in the mean would shorten every per-step figure."""
+    :data:`TRUNCATED_SHARE` of the median of the other steady steps (at least two of them, alike): a profile starts
+    and stops where it does, mid-step as often as not, and a cut step in the mean would shorten every per-step
+    figure."""
     d = np.asarray(dur, dtype=np.float64)
     out = list(excluded)
     if d.size < MIN_STEPS_TO_JUDGE:
         return out
     for edge in (d.size - 1, 0):
-        others = [i for i in range(d.size) if i != edge and out[i] is None]
-        if len(others) >= 2 and out[edge] is None and d[edge] < TRUNCATED_SHARE * float(np.median(d[others])):
+        others = d[[i for i in range(d.size) if i != edge and out[i] is None]]
+        if others.size < 2 or out[edge] is not None:
+            continue
+        median = float(np.median(others))
+        alike = 1.4826 * float(np.median(np.abs(others - median))) <= TRUNCATED_SPREAD * median
+        if alike and d[edge] < TRUNCATED_SHARE * median:
             out[edge] = TRUNCATED
     return out
 
