@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -143,11 +144,27 @@ def window(t: RefTrace) -> tuple[int, int]:
     lo, host_end = t.steps[0][1], t.steps[-1][2]
     launch = {h.corr: h.start for h in t.host if h.cat in RUNTIME_CATS and h.corr >= 0}
     end = host_end
+    gpu_end = lo
     for o in t.device_ops:
         when = launch.get(o.corr, o.start) if o.corr >= 0 else o.start
         if lo <= when < host_end:
             end = max(end, o.end)
-    return step_starts(t)[0], end
+            gpu_end = max(gpu_end, o.end)
+    starts = step_starts(t)
+    # a last step outlasting the others by a tenth of a step or more, all of it past everything recorded in the
+    # step, is the profile stopping: the window ends at the last recorded activity (a lone step: past half of it)
+    last_start = starts[-1]
+    recorded = [min(h.end, host_end) for h in t.host if t.steps[-1][1] < h.start < host_end] + [gpu_end]
+    last = max(recorded)
+    tail = end - last
+    if last > last_start and tail > 0:
+        if len(starts) > 1:
+            typical = _median([b - a for a, b in itertools.pairwise(starts)])
+            if tail >= 0.1 * typical and end - last_start >= 1.1 * typical:
+                end = last
+        elif tail > 0.5 * (end - last_start):
+            end = last
+    return starts[0], end
 
 
 def union_length(spans: list[tuple[int, int]], lo: int, hi: int) -> int:

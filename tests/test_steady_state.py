@@ -134,3 +134,27 @@ def test_steps_unalike_among_themselves_tell_nothing_of_a_cut() -> None:
 
     assert truncated_edges([59.9, 26.8, 3.8, 46.1, 2.6], [None] * 5) == [None] * 5
     assert truncated_edges([150, 190, 146, 180, 40], [None] * 5) == [None] * 4 + ["truncated"]
+
+
+def test_an_end_of_profile_tail_is_left_out_of_the_window(tmp_path: Path) -> None:
+    """Steps of 170 ms; the last one's marker runs 25 ms past everything recorded in it (the profile stopping): the
+    window ends at its last activity, with a note, and no unattributed idle comes from the tail. A last step of
+    ordinary length keeps its marker's end."""
+    def job(tail_ms: float) -> tuple[float, list[str]]:
+        t = Trace()
+        for n in range(4):
+            at = n * 170.0
+            t.step(n, at * 1000, (170 + (tail_ms if n == 3 else 0)) * 1000)
+            t.op("aten::mm", at * 1000 + 5, 10)
+            t.launch(at=at * 1000 + 10, call_dur=10, start=at * 1000 + 30, dur=160_000)
+            t.op("aten::add", at * 1000 + 160_000, 9_000)
+        (rank,) = analyze([t.write(tmp_path / f"tail{tail_ms}.json.gz")]).ranks
+        return rank.window.dur_s, [n for n in rank.notes if "tail" in n]
+
+    dur, notes = job(25.0)
+    assert dur == pytest.approx(3 * 0.170 + 0.169)  # to the end of the last step's aten::add
+    assert notes == ["the last step's marker runs 26.00 ms past everything recorded in it (the profile stopping): "
+                     "that tail is left out of the window"]
+    dur, notes = job(0.0)
+    assert dur == pytest.approx(4 * 0.170)
+    assert notes == []

@@ -83,7 +83,38 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
     kind = "inferred_steps" if steps.source.startswith("inferred:") else "profiler_steps"
     moved, note = device_side(steps, ops.start, launched)
-    return StepWindow(moved, int(moved.start[0]), max(host_end, gpu_end), kind, note)
+    end, tail = _without_tail(tl, int(steps.start[-1]), moved, host_end, gpu_end if inside.any() else start)
+    return StepWindow(moved, int(moved.start[0]), end, kind, "; ".join(n for n in (note, tail) if n) or None)
+
+
+TAIL_SHARE = 0.1
+"""A last step that runs this share of a step longer than the others, all of it after everything recorded in it,
+ends at its last activity: the rest is the profile stopping, not idle any cause can explain. A lone step does so
+where more than half of it comes after everything recorded."""
+
+
+def _without_tail(tl: Timeline, marked: int, steps: Steps, host_end: int, gpu_end: int) -> tuple[int, str | None]:
+    """The window's end: the last step's marker or the device work launched in the steps, whichever is later; where
+    the last step (its marker from ``marked`` to ``host_end``) outlasts the others by :data:`TAIL_SHARE` of a step
+    or more after the last device work and every host event begun inside it, the last of those instead, with a
+    note."""
+    host = tl.host
+    after = (host.start > marked) & (host.start < host_end)
+    last = max(gpu_end, int(np.minimum(host.end[after], host_end).max()) if after.any() else gpu_end)
+    end = max(host_end, gpu_end)
+    begin = int(steps.start[-1])
+    tail = end - last
+    if last <= begin or tail <= 0:
+        return end, None
+    if len(steps) > 1:
+        typical = float(np.median(np.diff(steps.start)))
+        cut = tail >= TAIL_SHARE * typical and end - begin >= (1 + TAIL_SHARE) * typical
+    else:
+        cut = tail > 0.5 * (end - begin)
+    if not cut:
+        return end, None
+    return last, (f"the last step's marker runs {tail / 1e6:.2f} ms past everything recorded in it (the profile "
+                  "stopping): that tail is left out of the window")
 
 
 AHEAD_SHARE = 0.1
