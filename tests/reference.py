@@ -29,7 +29,9 @@ SYNC_COPY = re.compile(r"^(cudaMemcpy|cudaMemcpy2D|cudaMemcpy3D|hipMemcpy|hipMem
 DATA = re.compile(r"DataLoader|data[_ ]?load|load[_ ]?batch|get[_ ]?batch"
                   r"|IteratorGetNext|Iterator::GetNext|device_put|DevicePut|\bgrain\b", re.I)
 COLL_HOST = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms$|ProcessGroup)")
-LAUNCH = re.compile(r"Launch|^(cuda|hip)Memset|^cuMemset")
+LAUNCH = re.compile(r"Launch|^(cuda|hip)Memset|^cuMemset|^PjitFunction\(|ExecuteReplicated|LoadedExecutable::Execute$"
+                    r"|^PJRT_LoadedExecutable_Execute$|^EagerExecute$|^EagerLocalExecute: "
+                    r"|^TFE_Py_(Fast[A-Za-z]*)?Execute")
 COPY_CALL = re.compile(r"^(cuda|hip|cu)Memcpy")
 REGION = re.compile(r"^ProfilerStep#|^Optimizer\.\w+#|^Torch-Compiled Region|^TorchDynamo|^## .* ##$|^CompiledFxGraph"
                     r"|^DistributedDataParallel\.forward$|^FullyShardedDataParallel\.|^enumerate\(DataLoader\)")

@@ -392,3 +392,28 @@ def test_a_bad_profile_among_kineto_ranks_is_skipped_like_any_bad_file(tmp_path:
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"gpuidle: warning: skipped {tmp_path / 'worker.xplane.pb'}: not a readable XSpace")
     assert [r["rank"] for r in json.loads(proc.stdout)["ranks"]] == [0, 1]
+
+
+def test_xla_dispatch_is_launch_overhead_not_python(tmp_path: Path) -> None:
+    """The device idles while the host is inside ``PjitFunction(train_step)``, dispatching the next program: that is
+    the framework's launch path (launch overhead: compile more of the loop into one program), not host Python."""
+    from gpuidle.api import analyze
+    from gpuidle.sources.xplane import xplane_pb2
+
+    space = xplane_pb2.XSpace(hostnames=["node-a"])
+    gpu = space.planes.add(id=1, name="/device:GPU:0")
+    gpu.event_metadata[1].id, gpu.event_metadata[1].name = 1, "fusion_kernel"
+    line = gpu.lines.add(id=5, name="Stream #5(Kernel)", timestamp_ns=0)
+    host = space.planes.add(id=2, name="/host:CPU")
+    host.event_metadata[1].id, host.event_metadata[1].name = 1, "PjitFunction(train_step)"
+    py = host.lines.add(id=78, name="python", timestamp_ns=0)
+    for i in range(4):  # kernel [i ms, i ms + 600 µs); dispatch of the next over the 400 µs gap
+        at = i * 1_000_000
+        line.events.add(metadata_id=1, offset_ps=at * 1000, duration_ps=600_000 * 1000)
+        py.events.add(metadata_id=1, offset_ps=(at + 600_000) * 1000, duration_ps=400_000 * 1000)
+    pb = tmp_path / "node-a.xplane.pb"
+    pb.write_bytes(space.SerializeToString())
+    report = analyze([pb])
+    causes = {k: v for k, v in report.ranks[0].primary().idle_by_cause_s.items() if v}
+    assert set(causes) == {"launch_overhead"}
+    assert "cpu_compute" not in {r.cause for r in report.recommendations}

@@ -18,7 +18,7 @@ import re
 import msgspec
 import numpy as np
 
-from gpuidle.model import FILE_READ_CALLS
+from gpuidle.model import FILE_READ_CALLS, XLA_DISPATCH
 
 Fact = tuple[re.Pattern[str], ...]
 """A name has the fact where any of the patterns is found in it."""
@@ -80,7 +80,9 @@ LIBRARY_PYTHON: Fact = (
 )
 """Python frames (Kineto ``python_function``, ``file.py(line): name``) of the interpreter and the libraries rather
 than of the user's program: built-in methods, module-call markers, torch and the frameworks, the standard library."""
-LAUNCH_CALLS: Fact = (re.compile(r"Launch"), re.compile(r"^((cuda|hip)Memset|cuMemset)"))
+LAUNCH_CALLS: Fact = (re.compile(r"Launch"), re.compile(r"^((cuda|hip)Memset|cuMemset)"), re.compile(XLA_DISPATCH))
+"""Calls that launch device work: the runtime's launches and sets, and XLA's and TensorFlow's dispatch of a compiled
+program (its host time is the launch path, named launch overhead, not Python)."""
 
 # Kernel-name facts, of lowercased names (tests/test_kernel_classes.py: a table of real kernel names from cuBLAS,
 # cuDNN, CUTLASS, Triton, Eigen, rocBLAS/hipBLASLt, MIOpen and XLA, each with its class)

@@ -79,6 +79,12 @@ class HostKind(enum.IntEnum):
 FILE_READ_CALLS = frozenset({"read", "pread", "pread64", "readv", "preadv", "readv2", "preadv2", "preadv64",
                              "fread", "fread_unlocked"})
 """OS calls that read a file: the one list a reader filters OS-runtime traces with and analysis classifies by."""
+XLA_DISPATCH = (
+    r"^PjitFunction\(|ExecuteReplicated|LoadedExecutable::Execute$|^PJRT_LoadedExecutable_Execute$"
+    r"|^EagerExecute$|^EagerLocalExecute: |^TFE_Py_(Fast[A-Za-z]*)?Execute"
+)
+"""A compiled program (or an eager op) handed to the XLA/TensorFlow runtime: the framework's launch path, read as
+a runtime call by the XSpace reader and as launching by the idle analysis (its time is dispatch, not Python)."""
 
 
 class CopyKind(enum.IntEnum):

@@ -33,6 +33,7 @@ import numpy as np
 from gpuidle.errors import NoGpuActivity, NotATrace
 from gpuidle.model import (
     I64,
+    XLA_DISPATCH,
     CollectiveCalls,
     CopyKind,
     DeviceOpKind,
@@ -66,10 +67,7 @@ SYNC = re.compile(r"BlockHostUntilReady|block_until_ready|^TFE_TensorHandleResol
 """Waits for device work (the same names ``analysis.names.SYNC_CALLS`` treats as syncs)."""
 DATA = re.compile(r"IteratorGetNext|Iterator::GetNext|device_put|DevicePut|\bgrain\b", re.IGNORECASE)
 """Input: tf.data's GetNext, JAX's device_put of a batch, grain (as ``analysis.names.DATA_LOADING``)."""
-DISPATCH = re.compile(
-    r"^PjitFunction\(|ExecuteReplicated|LoadedExecutable::Execute$|^PJRT_LoadedExecutable_Execute$"
-    r"|^EagerExecute$|^EagerLocalExecute: |^TFE_Py_(Fast[A-Za-z]*)?Execute"
-)
+DISPATCH = re.compile(XLA_DISPATCH)
 """A compiled program (or eager op) handed to the runtime: the framework's launch path."""
 _PROGRAM = [re.compile(r"^PjitFunction\((.+)\)$"), re.compile(r"^EagerLocalExecute: __inference_(.+?)_\d+$"),
             re.compile(r"^(.+):XLA GPU module$")]
