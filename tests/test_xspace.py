@@ -132,6 +132,12 @@ def test_format_detection_and_folders(tmp_path: Path) -> None:
     assert [r.rank for r in report.ranks] == [0, 1]
     assert report.job is not None
     assert report.ranks[0].world_size == 2
+    assert "one rank per host: host-b.xplane.pb is rank 1 of the 2 host profile(s) given" in report.ranks[1].notes
+    # one profile given alone is that one host, whatever lies beside it: rank 0 of 1, with the others counted
+    (alone,) = analyze([run / "host-b.xplane.pb"], workers=1).ranks
+    assert (alone.rank, alone.world_size) == (0, 1)
+    assert [n for n in alone.notes if n.startswith("one rank per host")] == [
+        "one rank per host: host-b.xplane.pb is rank 0 of the 1 host profile(s) given; 1 more in its folder not given"]
 
 
 def _unchanged(path: Path) -> str:

@@ -13,7 +13,7 @@ from gpuidle.analysis.ranks import job_report
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.errors import GpuidleError
 from gpuidle.jobs.rank import RankOutcome
-from gpuidle.model import AnalysisReport, Source
+from gpuidle.model import HOST_RANK_NOTE, XSPACE_FORMAT, AnalysisReport, Source
 from gpuidle.sources import kineto
 
 
@@ -34,6 +34,7 @@ def merge_job(
     for line in skipped:
         if warn:
             warn(f"skipped {line}")
+    _hosts_as_given([o for o in good if o.format == XSPACE_FORMAT])
     analyses = sorted((o.analysis for o in good if o.analysis is not None), key=lambda a: a.report.rank)
     analyses, duplicates = _dedupe_ranks(analyses, warn)
     job = job_report(analyses, duplicates, include_warmup) if len(analyses) > 1 else None
@@ -55,6 +56,23 @@ def merge_job(
                       skipped=skipped, framework=framework),
         ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
     )
+
+
+def _hosts_as_given(outcomes: Sequence[RankOutcome]) -> None:
+    """An XSpace profile is one host's and names no rank: the hosts given are numbered in host-name order among
+    themselves. The reader numbered each among the profiles in its folder; a profile given alone, or with some of
+    its neighbours, is not the rank its folder would make it, and the note says how many it left out."""
+    given = sorted(outcomes, key=lambda o: Path(o.path).name)
+    for i, o in enumerate(given):
+        if o.analysis is None:
+            continue
+        r = o.analysis.report
+        in_folder = r.world_size or 1
+        r.rank, r.world_size = i, len(given)
+        left = in_folder - len(given)
+        r.notes = [n for n in r.notes if not n.startswith(HOST_RANK_NOTE)]
+        r.notes.append(f"{HOST_RANK_NOTE} {Path(o.path).name} is rank {i} of the {len(given)} host profile(s) given"
+                       + (f"; {left} more in its folder not given" if left > 0 else ""))
 
 
 def _named(path: str, error: str) -> str:

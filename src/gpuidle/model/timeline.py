@@ -79,6 +79,11 @@ class HostKind(enum.IntEnum):
 FILE_READ_CALLS = frozenset({"read", "pread", "pread64", "readv", "preadv", "readv2", "preadv2", "preadv64",
                              "fread", "fread_unlocked"})
 """OS calls that read a file: the one list a reader filters OS-runtime traces with and analysis classifies by."""
+XSPACE_FORMAT = "xspace"
+"""``source.format`` of JAX and TensorFlow profiles."""
+HOST_RANK_NOTE = "one rank per host:"
+"""How an XSpace rank's note begins: a profile is one host's and names no rank, so its rank is its place among
+host profiles, said in this note."""
 XLA_DISPATCH = (
     r"^PjitFunction\(|ExecuteReplicated|LoadedExecutable::Execute$|^PJRT_LoadedExecutable_Execute$"
     r"|^EagerExecute$|^EagerLocalExecute: |^TFE_Py_(Fast[A-Za-z]*)?Execute"

@@ -32,8 +32,10 @@ import numpy as np
 
 from gpuidle.errors import NoGpuActivity, NotATrace
 from gpuidle.model import (
+    HOST_RANK_NOTE,
     I64,
     XLA_DISPATCH,
+    XSPACE_FORMAT,
     CollectiveCalls,
     CopyKind,
     DeviceOpKind,
@@ -50,7 +52,7 @@ from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.xplanes import Line, Plane, Space
 from gpuidle.sources.xspace_files import PB_SUFFIX
 
-FORMAT = "xspace"
+FORMAT = XSPACE_FORMAT
 JSON_SUFFIX = ".trace.json.gz"
 
 _GPU_PLANE = re.compile(r"^/device:GPU:(\d+)")
@@ -212,7 +214,7 @@ def _rank(meta: TraceMeta, path: str) -> None:
         meta.rank, meta.world_size = siblings.index(p.name), len(siblings)
     else:
         meta.rank, meta.world_size = 0, 1
-    meta.notes.append(f"one rank per host: {p.name} is rank {meta.rank} of {meta.world_size} host(s)")
+    meta.notes.append(f"{HOST_RANK_NOTE} {p.name} is rank {meta.rank} of {meta.world_size} host(s) in its folder")
 
 
 # ----------------------------------------------------------------------------------
