@@ -362,6 +362,7 @@ def test_pageable_copies_that_fill_the_step_are_sized_by_their_own_time(tmp_path
     assert report.ranks[0].kernels.pageable_copy_s == pytest.approx(4 * 3_000 * US)
     (fix,) = [r for r in report.recommendations if r.id == "pinned_memory_non_blocking"]
     assert fix.evidence["pageable_copy_ms_per_step"] == pytest.approx(3.0)
+    assert fix.evidence["pageable_copy_gbps"] == pytest.approx(round((48 << 20) / 3_000_000, 2))  # bytes per ns
     # plus the copy's own launch in flight before it starts, measured: [10, 100) less the launch queue's 50 µs
     idle = fix.evidence["memcpy_ms_per_step"] * 1e-3  # type: ignore[operator]
     assert idle == pytest.approx(60 * US)

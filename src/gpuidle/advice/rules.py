@@ -101,7 +101,7 @@ def pinned_memory(x: RuleInput) -> list[Proposal]:
     evidence: dict[str, object] = {
         "memcpy_ms_per_step": _ms(x.idle(Cause.MEMCPY)), "pageable_htod_copies": k.pageable_htod_copies,
         "pageable_htod_mib": round(k.pageable_htod_bytes / MIB, 2), "pageable_copy_ms_per_step": _ms(pageable_s),
-        "data_loader_in_trace": loader}
+        "pageable_copy_gbps": k.pageable_copy_gbps, "data_loader_in_trace": loader}
     return [x.rec(
         "pinned_memory_non_blocking", Cause.MEMCPY,
         "Copy batches from pinned memory with non_blocking=True",

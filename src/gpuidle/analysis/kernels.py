@@ -44,6 +44,9 @@ def kernel_facts(tl: Timeline, names: NameClasses, window: StepWindow) -> Kernel
     beside = iv.union(ops.start[kern], ops.end[kern])
     copies = iv.union(ops.start[any_pageable], ops.end[any_pageable])
     exposed_copy_ns = iv.total(copies) - iv.total(iv.intersect(copies, beside))
+    sized = any_pageable & (ops.nbytes > 0)
+    sized_ns = int((ops.end - ops.start)[sized].sum())
+    copy_gbps = float(ops.nbytes[sized].sum()) / sized_ns if sized_ns > 0 else None
     launches = h_in & (host.kind == HostKind.RUNTIME) & names.launch_call[host.name]
     launch_dur = (host.end - host.start)[launches]
     return KernelFacts(
@@ -61,6 +64,7 @@ def kernel_facts(tl: Timeline, names: NameClasses, window: StepWindow) -> Kernel
         pageable_htod_bytes=int(np.maximum(ops.nbytes[pageable], 0).sum()),
         median_launch_us=float(np.median(launch_dur)) / 1e3 if launch_dur.size else None,
         pageable_copy_s=exposed_copy_ns / 1e9,
+        pageable_copy_gbps=round(copy_gbps, 2) if copy_gbps is not None else None,
     )
 
 

@@ -104,6 +104,8 @@ class KernelFacts(msgspec.Struct):
     pageable_copy_s: float = 0.0
     """Device time of copies from or to pageable host memory with no kernel running beside them, in the window:
     what pinning that memory can shorten."""
+    pageable_copy_gbps: float | None = None
+    """Those copies' bandwidth, their bytes over their device time (GB/s); None where no bytes are recorded."""
 
 
 class CollectiveStat(msgspec.Struct):
