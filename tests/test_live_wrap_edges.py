@@ -98,3 +98,39 @@ def test_the_summary_leaves_the_commands_stdout_alone(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert proc.stdout == "line 1\nline 2\n"  # piped on: exactly what the command printed
     assert '"schema": "gpuidle.utilization/1"' in proc.stderr
+
+
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    """Deliver ``sig`` to one thread of ``pid`` (Linux's tgkill), as the kernel may pick any thread for a signal."""
+    import ctypes
+    import platform
+
+    numbers = {"x86_64": 234, "aarch64": 131}
+    if sys.platform != "linux" or platform.machine() not in numbers:
+        pytest.skip("tgkill: Linux on x86_64 or aarch64")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(numbers[platform.machine()], pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+def test_a_signal_the_kernel_hands_to_the_monitor_thread_is_forwarded(tmp_path: Path) -> None:
+    """SIGTERM delivered to the sampling thread, not the main one: it only sets Python's flag, and the wrapper must
+    still forward it promptly (its wait never blocks for good); before, the command waited forever."""
+    code = """
+        import signal, sys
+        signal.signal(signal.SIGTERM, lambda s, f: (print("command TERM", flush=True), sys.exit(0)))
+        print("ready", flush=True)
+        signal.pause()
+    """
+    r = Run(tmp_path, code)
+    assert r.line() == "ready"
+    tids = [int(t) for t in os.listdir(f"/proc/{r.proc.pid}/task") if int(t) != r.proc.pid]
+    assert tids, "the wrapper runs a sampling thread"
+    _tgkill(r.proc.pid, tids[0], signal.SIGTERM)
+    try:
+        out, _ = r.proc.communicate(timeout=60)  # a hang guard, not a performance bound
+    except subprocess.TimeoutExpired:
+        r.proc.kill()
+        raise
+    assert r.proc.returncode == 0
+    assert out.splitlines() == ["command TERM"]

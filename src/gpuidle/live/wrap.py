@@ -30,6 +30,9 @@ from gpuidle.model import MonitorSample
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGINT, signal.SIGTERM)
+SIGNAL_POLL_S = 0.2
+"""The longest the command's wait blocks at a time, so that a signal is forwarded within it whichever thread the
+kernel delivered it to."""
 KILL_ON_NTH = 3
 """The third SIGINT/SIGTERM kills the command's whole process group."""
 
@@ -168,17 +171,18 @@ class Runner:
             raise GpuidleError("the command was not started")
         try:
             while True:
-                timeout = None
-                if self.kill_after_s is not None and not self.result.killed:
-                    # poll until the first stopping signal, then sleep until the deadline
-                    timeout = 0.2 if self._first_stop is None else \
-                        max(0.0, self._first_stop + self.kill_after_s - time.monotonic())
+                # never block without end: a signal the kernel hands to another thread (the monitor's) only sets
+                # Python's flag, and its handler runs when this thread next runs Python, not while it waits
+                timeout = SIGNAL_POLL_S
+                if self.kill_after_s is not None and not self.result.killed and self._first_stop is not None:
+                    # after the first stopping signal, sleep no later than the deadline
+                    timeout = min(SIGNAL_POLL_S, max(0.0, self._first_stop + self.kill_after_s - time.monotonic()))
                 try:
                     proc.wait(timeout=timeout)
                     break
                 except subprocess.TimeoutExpired:
-                    if self._first_stop is not None and self.kill_after_s is not None and \
-                            time.monotonic() >= self._first_stop + self.kill_after_s:
+                    if self._first_stop is not None and self.kill_after_s is not None and not self.result.killed \
+                            and time.monotonic() >= self._first_stop + self.kill_after_s:
                         self.kill()
         finally:
             self.restore()
