@@ -116,8 +116,9 @@ def _median(xs: list[float]) -> float:
 
 def step_starts(t: RefTrace) -> list[int]:
     """Where each step starts: its host marker, or, where the first work a step launches waits in the median step
-    a tenth of a step or more before it runs (the host runs ahead), the start of that first work (a step that
-    launched nothing: its marker moved by the median of the others' moves), never before the step before it."""
+    a tenth of a step or more, and 1 ms or more, before it runs (the host runs ahead), the start of that first work
+    (a step that launched nothing: its marker moved by the median of the others' moves), never before the step
+    before it."""
     host = [s for _, s, _ in t.steps]
     if len(t.steps) < 2:
         return host
@@ -131,7 +132,7 @@ def step_starts(t: RefTrace) -> list[int]:
     if len(first) < 2:
         return host
     gaps = [host[i + 1] - host[i] for i in range(len(host) - 1)]
-    if _median([o - w for w, o in first.values()]) < 0.1 * _median(gaps):
+    if _median([o - w for w, o in first.values()]) < max(1_000_000, 0.1 * _median(gaps)):
         return host
     shift = int(_median([first[i][1] - host[i] for i in first]))
     out: list[int] = []

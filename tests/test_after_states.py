@@ -120,9 +120,12 @@ def test_exposed_communication(jobs: dict[str, AnalysisReport]) -> None:
         d = r.primary()
         assert max(d.idle_by_cause_s, key=lambda c: d.idle_by_cause_s[c]) == "communication"
     # on a busy machine one rank can be measurably slower than the other all run long, and is then named a
-    # straggler in its own right (seen in loaded runs, either rank); the communication fix leads the rest
-    top = next(r for r in heads(report) if not r.id.startswith("straggler_rank_"))
-    assert top.id == "comm_compression", [(r.id, r.gain.step_s_saved) for r in heads(report)]
+    # straggler in its own right (seen in loaded runs, either rank), the communication fix then its alternative on
+    # the same idle; else the communication fix leads
+    seen = [(r.id, r.alternative_to, r.gain.step_s_saved) for r in report.recommendations]
+    top = next(r for r in report.recommendations if r.id == "comm_compression")
+    others = [r for r in heads(report) if not r.id.startswith("straggler_rank_")]
+    assert (others and others[0] is top) or (top.alternative_to or "").startswith("straggler_rank_"), seen
     g = top.gain
     assert g.basis == "modelled"
     assert g.assumption is not None

@@ -119,7 +119,9 @@ def _without_tail(tl: Timeline, marked: int, steps: Steps, host_end: int, gpu_en
 
 AHEAD_SHARE = 0.1
 """The host's step markers run ahead of the device when the first work launched in a step waits, in the median
-step, this share of a step or more in the queue before it starts."""
+step, this share of a step or more in the queue before it starts..."""
+AHEAD_MIN_NS = 1_000_000
+"""...and at least 1 ms: a shorter lag is the launch queue's own latency and moves no step enough to matter."""
 
 
 def device_side(steps: Steps, op_start: I64, launched: I64) -> tuple[Steps, str | None]:
@@ -139,7 +141,7 @@ def device_side(steps: Steps, op_start: I64, launched: I64) -> tuple[Steps, str 
     which = step_of[first_rows]
     queued = op_start[first_rows] - launched[first_rows]
     lag = float(np.median(queued))
-    if lag < AHEAD_SHARE * float(np.median(np.diff(steps.start))):
+    if lag < max(AHEAD_MIN_NS, AHEAD_SHARE * float(np.median(np.diff(steps.start)))):
         return steps, None
     shift = int(np.median(op_start[first_rows] - steps.start[which]))
     starts = steps.start + shift
