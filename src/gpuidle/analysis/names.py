@@ -153,6 +153,7 @@ class NameClasses(msgspec.Struct, frozen=True):
         def mask(test: Fact | frozenset[str]) -> np.ndarray:
             return _mask(lowered if test in FOLDED else strings, test)
 
+        matrix_math = ~mask(NOT_MATRIX_MATH)  # once, for GEMMs and convolutions alike
         return cls(
             sync_call=mask(SYNC_CALLS),
             memcpy_call=mask(MEMCPY_CALLS),
@@ -171,7 +172,7 @@ class NameClasses(msgspec.Struct, frozen=True):
             compiled=mask(COMPILED),
             graph_launch=mask(GRAPH_LAUNCH),
             engine=mask(ENGINE),
-            gemm=mask(GEMM) & ~mask(NOT_MATRIX_MATH),
-            conv=mask(CONV) & ~mask(NOT_MATRIX_MATH),
+            gemm=mask(GEMM) & matrix_math,
+            conv=mask(CONV) & matrix_math,
             reduced_precision=mask(REDUCED_PRECISION),
         )
