@@ -15,9 +15,10 @@ BWD = 2
 class Trace:
     """Collects events; each launch gets a fresh correlation id linking host call and kernel."""
 
-    def __init__(self, rank: int | None = 0, world: int | None = None) -> None:
+    def __init__(self, rank: int | None = 0, world: int | None = None,
+                 groups: list[dict[str, Any]] | None = None) -> None:
         self.events: list[dict[str, Any]] = []
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.groups = rank, world, groups
         self._corr = 1000
 
     def x(self, cat: str, name: str, ts: float, dur: float, pid: Any = PID, tid: Any = MAIN, **args: Any) -> None:
@@ -53,6 +54,8 @@ class Trace:
             info: dict[str, Any] = {"backend": "nccl", "rank": self.rank}
             if self.world is not None:
                 info["world_size"] = self.world
+            if self.groups is not None:
+                info["pg_config"] = self.groups
             doc["distributedInfo"] = info
         doc["traceEvents"] = self.events
         return doc

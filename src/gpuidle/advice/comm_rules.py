@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from gpuidle.advice.mesh_rules import GPUS_PER_NODE, dimension_idle, model_parallel
 from gpuidle.advice.ruleinput import MIB, MIN_SHARE, RuleInput, _ms, removes, removes_between
 from gpuidle.advice.whatif import Effect, Proposal
 from gpuidle.model import Cause, CollectiveStat
@@ -28,6 +29,9 @@ LOW_BUSBW_GBPS = 10.0
 ALL_REDUCE = ("all_reduce", "unknown")
 """What a DDP bucket, ``no_sync`` or comm hook touches: gradient all-reduces (``unknown``: a report that does not
 name its collectives, e.g. step timing, where DDP's all-reduce is what there is)."""
+DATA_PARALLEL_GROUPS = ("dp", "world", "unknown")
+"""The dimensions whose collectives a DDP fix may touch in a job with model-parallel ones: its gradient
+all-reduces are among them (the whole world's or a group the trace does not name), never tensor parallel's."""
 FULL_PRECISION = ("float32", "float64")
 """All-reduces a bf16/fp16 compression hook halves; a bf16 or int8 collective has nothing left to compress."""
 
@@ -48,6 +52,8 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
     nbytes = x.per_window_step(sum(c.bytes for c in reduces))
     exposed = x.idle(Cause.COMMUNICATION)
     exposed_reduce = x.exposed(ALL_REDUCE)
+    if model_parallel(x):  # tensor-parallel all-reduces are no DDP bucket's: only the data-parallel groups'
+        exposed_reduce = min(exposed_reduce, dimension_idle(x, DATA_PARALLEL_GROUPS))
     by_kind = {k: _ms(x.exposed((k,))) for k in sorted({c.collective for c in comm.collectives})}
     if x.accumulation_repeats > 1 and exposed_reduce > 0:
         out.append(x.rec(
@@ -121,10 +127,6 @@ def exposed_all_to_all(x: RuleInput) -> list[Proposal]:
         Effect(reason=f"not estimable from one trace: all-to-all is {share:.1%} of the step, and what overlap "
                       "hides depends on the expert compute beside it"), confidence="medium",
     )]
-
-
-GPUS_PER_NODE = 8
-"""The most GPUs one node holds in the common systems (DGX/HGX 8-GPU boards, MI300X platforms)."""
 
 
 def _one_node(x: RuleInput) -> bool:

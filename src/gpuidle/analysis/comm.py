@@ -216,32 +216,40 @@ def comm_report(tl: Timeline, window: StepWindow, devices: list[DeviceIdle], col
 
 
 def exposed_by_collective(coll: Collectives, device: int, seg: tuple[I64, I64], bounds: I64) -> list[dict[str, float]]:
-    """Per step, the exposed-communication segments ``seg`` split by the collective running
-    (``kind:dtype``); where several run at once, the one that started first gets the time (the later
-    ones queued behind it: collectives of one process group run one at a time)."""
+    """Per step, the exposed-communication segments ``seg`` split by the collective running (``kind:dtype``)."""
+    s, e, row = collective_under(coll, device, seg, bounds)
+    return split_by_key(s, e, row, [f"{c}:{d}" for c, d in zip(coll.collective, coll.dtype, strict=True)], bounds)
+
+
+def split_by_key(s: I64, e: I64, row: I64, keys: list[str], bounds: I64) -> list[dict[str, float]]:
+    """Per step, the segments' time (s) by ``keys[row]``; segments with row -1 are left out."""
     n_steps = bounds.size - 1
     out: list[dict[str, float]] = [{} for _ in range(n_steps)]
-    on = np.flatnonzero(coll.device == device)
-    if on.size == 0 or seg[0].size == 0:
+    hit = row >= 0
+    if not hit.any():
         return out
+    names = sorted(set(keys))
+    index = {k: i for i, k in enumerate(names)}
+    key_of = np.array([index[k] for k in keys], dtype=np.int64)[row[hit]]
+    step = np.clip(np.searchsorted(bounds, s[hit], side="right") - 1, 0, n_steps - 1)
+    sums = np.bincount(step * len(names) + key_of, weights=(e - s)[hit], minlength=n_steps * len(names))
+    for flat in np.flatnonzero(sums).tolist():
+        out[flat // len(names)][names[flat % len(names)]] = float(sums[flat]) / 1e9
+    return out
+
+
+def collective_under(coll: Collectives, device: int, seg: tuple[I64, I64], bounds: I64) -> tuple[I64, I64, I64]:
+    """The segments ``seg`` cut at every collective's ends and at ``bounds``, each with the row (into ``coll``) of
+    the collective running on ``device`` then, -1 where none runs; where several run at once, the one that
+    started first (the later ones queued behind it: collectives of one process group run one at a time)."""
+    on = np.flatnonzero(coll.device == device)
     on = on[np.argsort(coll.start[on], kind="stable")]
-    names = [f"{coll.collective[i]}:{coll.dtype[i]}" for i in on]
-    keys = sorted(set(names))
-    index = {k: i for i, k in enumerate(keys)}
-    key_of = np.array([index[n] for n in names], dtype=np.int64)
     s, e, _ = iv.label_segments(iv.union(*seg), [(coll.start[on], coll.end[on])], extra_points=bounds)
     # segments are cut at every call's ends, so a call covers those starting inside it; painted latest
     # start first, the earliest-started call covering a segment is the one left
-    label = np.full(s.size, -1, dtype=np.int64)
+    row = np.full(s.size, -1, dtype=np.int64)
     first = np.searchsorted(s, coll.start[on], side="left")
     last = np.searchsorted(s, coll.end[on], side="left")
     for j in range(on.size - 1, -1, -1):
-        label[first[j]:last[j]] = key_of[j]
-    step = np.clip(np.searchsorted(bounds, s, side="right") - 1, 0, n_steps - 1)
-    for k, key in enumerate(keys):
-        hit = label == k
-        if hit.any():
-            sums = np.bincount(step[hit], weights=(e - s)[hit], minlength=n_steps)
-            for i in np.flatnonzero(sums):
-                out[int(i)][key] = float(sums[i]) / 1e9
-    return out
+        row[first[j]:last[j]] = on[j]
+    return s, e, row

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.job_mesh import job_mesh, mesh_gaps, pipeline_pace
 from gpuidle.analysis.steps import counted
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.model import (
@@ -144,6 +145,9 @@ def apply_straggler_wait(ra: RankAnalysis, arrivals: list[Arrival]) -> int:
         kept = step_report.idle_by_cause_s[Cause.COMMUNICATION.value] / before if before > 0 else 0.0
         # the wait is the first part of each collective, whichever it is: each kind keeps the same share
         step_report.exposed_comm_s = {k: v * kept for k, v in step_report.exposed_comm_s.items()}
+        step_report.comm_by_dim_s = {k: v * kept for k, v in step_report.comm_by_dim_s.items()}
+    for dim in report.communication.mesh:
+        dim.exposed_s = sum(s.comm_by_dim_s.get(dim.dim, 0.0) for s in report.steps)
     return total
 
 
@@ -168,6 +172,7 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int], include_all: bo
     missing = sorted(set(range(world)) - set(found)) if world else []
     if missing:
         notes.append(f"{len(found)} of {world} ranks present: waits are relative to the ranks present")
+        notes += mesh_gaps([r.communication.mesh for r in reports], set(found))
     arrivals = match_collectives(ranks)
     for ra in ranks:
         apply_straggler_wait(ra, arrivals)
@@ -177,6 +182,9 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int], include_all: bo
     for a in arrivals:
         last_by_step[a.step][a.last] += max(a.waits.values())
     stragglers = _stragglers(reports, last_by_step, own)
+    pace, stage_ranks = pipeline_pace(reports, include_all)
+    notes += pace
+    stragglers = [x for x in stragglers if x.rank not in stage_ranks]
     if len(_shared(own)[0]) < MIN_STRAGGLER_STEPS:
         notes.append(f"{TOO_FEW_STEPS}: {len(_shared(own)[0])} steady step(s) shared by all ranks, "
                      f"at least {MIN_STRAGGLER_STEPS} needed")
@@ -223,6 +231,7 @@ def job_communication(reports: list[RankReport]) -> JobCommunication:
         parallelism=job_parallelism(reports),
         roles=_merge_roles(reports),
         collective_exposed_s=sum(r.communication.exposed_s for r in reports),
+        mesh=job_mesh([r.communication.mesh for r in reports]),
     )
 
 

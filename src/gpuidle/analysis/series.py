@@ -32,6 +32,8 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuidle.analysis.comm import size_bucket
+from gpuidle.analysis.job_mesh import pipeline_pace
+from gpuidle.analysis.mesh import tracker_mesh
 from gpuidle.analysis.ranks import (
     MIN_STRAGGLER_STEPS,
     TOO_FEW_STEPS,
@@ -174,20 +176,28 @@ def rank_report(series: StepSeries) -> RankReport:
         active_s=_s(min(window, busy + exposed)),
         timing="device" if s.device_timed else "host",
     )
+    communication = _comm(s)
+    communication.mesh = tracker_mesh(s.process_groups, s.rank, communication.comm_s,
+                                      _s(by_cause[_COL[Cause.COMMUNICATION]]))
     steps = [
         StepReport(step=int(s.step[i]), start_s=_s(s.start[i]), dur_s=_s(s.dur[i]), busy_s=_s(split.busy[i]),
                    idle_s=_s(split.idle[i]), idle_by_cause_s={c.value: _s(split.causes[i, j])
                                                               for j, c in enumerate(CAUSES)},
-                   excluded=excluded[i])
+                   excluded=excluded[i], comm_by_dim_s=_dp_only(split.causes[i, _COL[Cause.COMMUNICATION]]))
         for i in range(n)
     ]
     return RankReport(
         rank=s.rank, path=s.path, notes=_notes(series, s), step_source=STEP_SOURCE,
         window=Window(kind=WINDOW_KIND, start_s=_s(s.start[0]) if n else 0.0, dur_s=_s(window)),
-        devices=[device], steps=steps, communication=_comm(s), world_size=s.world_size,
+        devices=[device], steps=steps, communication=communication, world_size=s.world_size,
         kernels=no_kernel_facts(float(s.syncs.mean()) if s.syncs is not None and n else 0.0),
         unmeasured=list(s.unmeasured),
     )
+
+
+def _dp_only(ns: float) -> dict[str, float]:
+    """A tracker's step's communication idle by dimension: its hooks time data parallel's alone."""
+    return {"dp": _s(ns)} if ns > 0 else {}
 
 
 def no_kernel_facts(syncs_per_step: float = 0.0) -> KernelFacts:
@@ -426,6 +436,9 @@ def job_report(series: list[StepSeries], reports: list[RankReport], duplicates: 
         notes.append(f"{TOO_FEW_STEPS}: {common.size} step(s) shared by all ranks, at least {MIN_STRAGGLER_STEPS} "
                      "needed")
     notes.extend(_sharding_notes(list(stats.values())))
+    pace, stage_ranks = pipeline_pace(reports)
+    notes += pace
+    stragglers = [x for x in stragglers if x.rank not in stage_ranks]
     return JobReport(
         world_size=world, ranks_found=found, missing_ranks=missing, duplicate_ranks=list(duplicates or []),
         step_skew=step_skew(reports), rank_table=rank_table(reports),

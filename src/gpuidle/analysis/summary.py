@@ -15,10 +15,12 @@ from gpuidle.analysis.comm import Collectives, comm_report, exposed_by_collectiv
 from gpuidle.analysis.idle import CAUSE_INDEX, STARTUP_LABEL, DeviceIdle, attribute_idle
 from gpuidle.analysis.kernels import kernel_facts
 from gpuidle.analysis.links import launcher_rows
+from gpuidle.analysis.mesh import mesh_dims
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.quality import quality_notes
 from gpuidle.analysis.sharded import classify, role_split
 from gpuidle.analysis.startup import Startup, find_startup
+from gpuidle.analysis.step_calls import main_calls
 from gpuidle.analysis.steps import NO_GPU_WORK, steady_state, step_window, truncated_edges
 from gpuidle.analysis.workload import workload
 from gpuidle.model import (
@@ -90,13 +92,16 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     span = np.diff(bounds) - primary.step_startup
     excluded = steady_state(span) if window.kind != "gpu_activity" else [None]
     excluded = truncated_edges(span, [NO_GPU_WORK if not with_work[i] else e for i, e in enumerate(excluded)])
+    calls = main_calls(tl, names, launchers, primary, bounds, span)
+    communication.mesh, by_dim = mesh_dims(tl, coll, primary, bounds)
     steps = [
         StepReport(
             step=int(window.steps.number[i]), start_s=_s(bounds[i]), dur_s=_s(span[i]),
             busy_s=_s(primary.step_busy[i]), idle_s=_s(primary.step_idle[i].sum()),
             idle_by_cause_s={c.value: _s(primary.step_idle[i, j]) for j, c in enumerate(CAUSES)},
             excluded=excluded[i], startup_s=_s(primary.step_startup[i]), exposed_comm_s=by_collective[i],
-            zero_grad_launch_s=_s(primary.step_zero_grad[i]),
+            zero_grad_launch_s=_s(primary.step_zero_grad[i]), main_calls=calls[i],
+            comm_by_dim_s=by_dim[i],
         )
         for i in range(bounds.size - 1)
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .fleet import FLEET_SCHEMA, FleetJob, FleetReport
 from .jsonio import JsonStruct
+from .mesh import DIMENSION_WORDS, DIMENSIONS, SHAPE, MeshDim
 from .metrics import (
     EXPORTER_METRICS,
     GPU_GAUGES,
@@ -53,6 +54,7 @@ from .report import (
     RunSummary,
     Source,
     StartupCost,
+    StepCall,
     StepReport,
     Straggler,
     SyncSource,
@@ -130,6 +132,8 @@ __all__ = [
     "CAUSES",
     "COMM_ROLES",
     "COMPARE_SCHEMA",
+    "DIMENSIONS",
+    "DIMENSION_WORDS",
     "EXPORTER_METRICS",
     "F64",
     "FILE_READ_CALLS",
@@ -152,6 +156,7 @@ __all__ = [
     "PARALLELISM",
     "SCHEMA",
     "SCHEMA_MINOR",
+    "SHAPE",
     "SLOWDOWN_REASONS",
     "THROTTLE_REASONS",
     "TRACKER_FORMAT",
@@ -200,6 +205,7 @@ __all__ = [
     "JsonStruct",
     "KernelFacts",
     "KernelStat",
+    "MeshDim",
     "Metric",
     "MonitorEnd",
     "MonitorHeader",
@@ -214,6 +220,7 @@ __all__ = [
     "RunSummary",
     "Source",
     "StartupCost",
+    "StepCall",
     "StepReport",
     "StepSeries",
     "Steps",

@@ -12,7 +12,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .jsonio import JsonStruct
+from .mesh import MeshDim
 from .timeline import CAUSES, I64, SCHEMA, SCHEMA_MINOR, WINDOW_LESS_STARTUP
+from .units import duration
 
 # ----------------------------------------------------------------------------------
 # The report: typed, and serialised as-is to the versioned JSON schema.
@@ -58,6 +60,23 @@ class DeviceReport(msgspec.Struct):
     ``cdna``), where they tell: the least the device can be."""
 
 
+class StepCall(msgspec.Struct):
+    """The host call under most of one cause's idle in a step (``StepReport.main_calls``)."""
+
+    name: str
+    call_s: float
+    """How long the call ran."""
+    idle_s: float
+    """The cause's device idle it covers in the step."""
+    transfer_s: float | None = None
+    """For a copy call, the device time of its transfer; None where it launched no copy."""
+
+    def words(self) -> str:
+        """``one cudaMemcpyAsync call of 463.0 ms, its transfer 4.5 µs``: the one wording every report uses."""
+        transfer = "" if self.transfer_s is None else f", its transfer {duration(self.transfer_s)}"
+        return f"one {self.name} call of {duration(self.call_s)}{transfer}"
+
+
 class StepReport(msgspec.Struct):
     step: int
     start_s: float
@@ -75,6 +94,11 @@ class StepReport(msgspec.Struct):
     ``all_to_all:int8``; ``unknown`` where the trace does not say)."""
     zero_grad_launch_s: float = 0.0
     """The part of ``launch_overhead`` under an ``Optimizer.zero_grad`` range (per-parameter fills)."""
+    comm_by_dim_s: dict[str, float] = {}
+    """The step's ``communication`` idle by parallel dimension (``tp``, ``dp``...: ``CommReport.mesh``)."""
+    main_calls: dict[str, StepCall] = {}
+    """By cause (``host_sync``, ``memcpy``, ``data_loading``, ``cpu_compute``), the one host call under at least
+    half that cause's idle in the step, where one is: what names a one-off wait."""
 
 
 class KernelStat(msgspec.Struct):
@@ -167,6 +191,9 @@ class CommReport(msgspec.Struct):
     settings: dict[str, str] = {}
     """The framework's communication settings where the step tracker read them (a DeepSpeed engine's
     ``overlap_comm``, ``reduce_bucket_size``, ...); empty for traces, which do not hold them."""
+    mesh: list[MeshDim] = []
+    """The job's parallel dimensions as this rank's collectives and groups show them, outermost first; their
+    ``exposed_s`` add up to the rank's ``communication`` idle. Empty: no collective in the window."""
 
 
 class StartupCost(msgspec.Struct):
@@ -381,6 +408,9 @@ class JobCommunication(msgspec.Struct):
     collective_exposed_s: float = 0.0
     """Collective time with no compute beside it, summed over the ranks' :attr:`CommReport.exposed_s`: the
     roles' ``exposed_s`` add up to it."""
+    mesh: list[MeshDim] = []
+    """The ranks' dimensions (:attr:`CommReport.mesh`) merged: each one's size and source as most ranks show them,
+    its counts and times summed over the ranks (``exposed_s`` adds up to ``exposed_s`` above)."""
 
 
 class JobStep(msgspec.Struct):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +54,9 @@ class TrackerHeader(msgspec.Struct, tag="header", kw_only=True, omit_defaults=Tr
     notes: list[str] = []
     framework: str | None = None
     """``tensorflow`` or ``jax`` for those trackers (the advice speaks their API); absent: PyTorch."""
+    process_groups: list[dict[str, Any]] = []
+    """This rank's process groups when the tracker started, as a profile's ``distributedInfo.pg_config`` holds
+    them (``pg_name``, ``pg_desc``, ``pg_size``, ``ranks``): its place in the job's mesh."""
 
 
 class TrackerStep(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
@@ -142,6 +147,8 @@ class StepSeries(msgspec.Struct):
     """``tensorflow``, ``jax``; None or ``pytorch``: PyTorch."""
     unmeasured: list[str] = msgspec.field(default_factory=list)
     """As :attr:`TrackerEnd.unmeasured`."""
+    process_groups: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    """As :attr:`TrackerHeader.process_groups`."""
 
     def __len__(self) -> int:
         return int(self.step.shape[0])
@@ -178,4 +185,5 @@ class StepSeries(msgspec.Struct):
             notes=list(self.notes),
             sync=self.sync[rows] if self.sync is not None else None,
             syncs=self.syncs[rows] if self.syncs is not None else None, framework=self.framework,
+            process_groups=self.process_groups,
         )

@@ -43,6 +43,7 @@ from gpuidle.report.common import (
     combined_text,
     exposed_words,
     gain_text,
+    mesh_lines,
     ms,
     pct,
     role_lines,
@@ -117,7 +118,7 @@ def recommendation_card(i: int, rec: Recommendation) -> str:
             f"<pre><code>{esc(rec.fix)}</code></pre></div>")
 
 
-def _collectives_table(c: CommReport) -> str:
+def _collectives_table(c: CommReport, world: int | None) -> str:
     """The terminal's collectives line, and each collective type, group and size bucket."""
     if c.comm_s <= 0:
         return ""
@@ -128,7 +129,8 @@ def _collectives_table(c: CommReport) -> str:
         f'<td class="num">{"n/a" if s.busbw_gbps is None else f"{s.busbw_gbps:.2f} GB/s"}</td></tr>'
         for s in c.collectives)
     overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
-    roles = "".join(f"<li>{esc(line)}</li>" for line in role_lines(c.parallelism, c.roles))
+    roles = "".join(f"<li>{esc(line.strip())}</li>" for line in role_lines(c.parallelism, c.roles)
+                    + mesh_lines(c.mesh, world))
     return (f'<h3>Collectives</h3><p class="note">{ms(c.comm_s)} on the device, {ms(c.exposed_s)} exposed '
             f"(no compute running), overlap with compute {overlap}</p>" + (f"<ul>{roles}</ul>" if roles else "") +
             '<table class="collectives"><tr><th>op</th><th>group</th><th>size</th><th class="num">count</th>'
@@ -162,7 +164,8 @@ def _job_section(job: JobReport) -> str:
     items.append(f"<li>collectives: {esc(exposed_words(c.collective_exposed_s, c.exposed_s, c.straggler_wait_s))} · "
                  f"overlap {'n/a' if c.overlap_ratio is None else pct(c.overlap_ratio)}</li>")
     items.append(f'<li class="muted">{esc(OWN_STEP)}</li>')
-    items += [f"<li>{esc(line)}</li>" for line in role_lines(c.parallelism, c.roles)]
+    items += [f"<li>{esc(line.strip())}</li>" for line in role_lines(c.parallelism, c.roles)
+              + mesh_lines(c.mesh, job.world_size, coordinates=False)]
     items += [f'<li class="muted">{esc(n)}</li>' for n in job.notes]
     return (f'<section id="job"><h2>Job: {len(job.ranks_found)} ranks{world} · step-time skew {skew}</h2>'
             '<table><tr><th>rank</th><th class="num">step</th><th class="num">own step</th>'
@@ -239,7 +242,8 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
     if report.job is not None:
         body.append(_job_section(report.job))
     body.append(f'<section id="device-work"><h2>Device work: rank {shown.rank}</h2>'
-                + _collectives_table(shown.communication) + _kernels_table(shown.kernels) + "</section>")
+                + _collectives_table(shown.communication, shown.world_size) + _kernels_table(shown.kernels)
+                + "</section>")
     return page("gpuidle report", body)
 
 

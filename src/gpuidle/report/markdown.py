@@ -12,6 +12,7 @@ from gpuidle.report.common import (
     combined_saved,
     excluded_lines,
     gain_text,
+    mesh_lines,
     ms,
     pct,
     printable_report,
@@ -53,7 +54,8 @@ class MarkdownRenderer:
                              f"score {s.score:.2f}; {s.why}")
             c = job.communication
             lines += [f"- communication exposed {ms(c.exposed_s)}, straggler wait {ms(c.straggler_wait_s)}"]
-            lines += [f"- {line}" for line in role_lines(c.parallelism, c.roles)] + [""]
+            lines += [f"- {line.strip()}" for line in role_lines(c.parallelism, c.roles)
+                      + mesh_lines(c.mesh, job.world_size, coordinates=False)] + [""]
         for r in shown:
             lines += self._rank(r)
             lines += [f"- {x}" for x in excluded_lines(r, report.include_warmup)]
@@ -99,7 +101,7 @@ class MarkdownRenderer:
             out += _table(["step", "duration", "busy", "idle", "top cause"], [list(x) for x in step_rows(r)])
             out.append("")
         c = r.communication
-        roles = role_lines(c.parallelism, c.roles)
-        out += [f"- {line}" for line in roles] + ([""] if roles else [])
+        roles = role_lines(c.parallelism, c.roles) + mesh_lines(c.mesh, r.world_size)
+        out += [f"- {line.strip()}" for line in roles] + ([""] if roles else [])
         out += [f"> {n}" for n in r.notes]
         return out + ([""] if r.notes else [])

@@ -33,6 +33,7 @@ from gpuidle.report.common import (
     excluded_lines,
     exposed_words,
     gain_text,
+    mesh_lines,
     ms,
     pct,
     printable_report,
@@ -157,6 +158,7 @@ def _job(job: JobReport) -> RenderableType:
     lines.append(Text(f"collectives: {exposed_words(c.collective_exposed_s, c.exposed_s, c.straggler_wait_s)} · "
                       f"overlap with compute {overlap}", style="green"))
     lines += [Text(f"  {line}", style="green") for line in role_lines(c.parallelism, c.roles)]
+    lines += [Text(line, style="green") for line in mesh_lines(c.mesh, job.world_size, coordinates=False)]
     for note in job.notes:
         lines.append(Text(f"note: {note}", style="bright_black"))
     if job.missing_ranks:
@@ -262,6 +264,8 @@ class TerminalRenderer:
                                style="green"))
             for line in role_lines(c.parallelism, c.roles):
                 console.print(Text(f"  {line}", style="green"))
+            for line in mesh_lines(c.mesh, r.world_size):
+                console.print(Text(line, style="green"))
         k = r.kernels
         if k.count:
             facts = f"kernels: {k.count} ({pct(k.short_kernel_share)} of kernel time in kernels < 10 µs)"

@@ -181,4 +181,5 @@ def _series(p: Path, head: TrackerHeader, steps: list[TrackerStep], end: Tracker
         comm_settings=dict(end.comm_settings) if end is not None else {}, notes=notes,
         unmeasured=list(end.unmeasured) if end is not None else [],
         sync=col([s.sync_ns for s in steps]), syncs=col([s.syncs for s in steps]), framework=head.framework,
+        process_groups=list(head.process_groups),
     )

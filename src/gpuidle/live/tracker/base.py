@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -50,6 +50,7 @@ class TrackerBase:
         log: Callable[[str], None] | None, summary_steps: int, label: str | None,
         ledger: str | os.PathLike[str] | bool, prometheus_port: int | None, prometheus_addr: str,
         device: int = 0, device_name: str | None = None,
+        process_groups: Sequence[Sequence[dict[str, Any]]] = (),
     ) -> None:
         if every < 1 or (log_every is not None and log_every < 1):
             raise GpuidleError(f"every={every}, log_every={log_every}", "every and log_every must be at least 1")
@@ -68,7 +69,8 @@ class TrackerBase:
         self.out_dir = Path(out_dir)
         self._rows_layout = RowLayout(self._phases, JobInfo(
             world_size=world_size, out_dir=self.out_dir, timing=timing, device=device, device_name=device_name,
-            compute_phases=self._compute, copy_phase=copy_phase, framework=framework))
+            compute_phases=self._compute, copy_phase=copy_phase, framework=framework,
+            process_groups=tuple(tuple(g) for g in process_groups)))
         node = node_name()
         self._metrics = MetricsServer(label or self.out_dir.resolve().name, list(hosts or [node] * world_size),
                                       prometheus_port, prometheus_addr) \
@@ -99,6 +101,7 @@ class TrackerBase:
             device_name=device_name, host=socket.gethostname(), pid=os.getpid(), t0=time.time(),
             phases=[*self._phases, TRACKER_OTHER], compute_phases=self._compute, copy_phase=copy_phase,
             every=every, notes=notes, framework=framework if framework != "pytorch" else None,
+            process_groups=list(process_groups[rank]) if rank < len(process_groups) else [],
         )])
         if rank == 0:
             for note in notes:

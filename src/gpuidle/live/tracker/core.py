@@ -35,7 +35,8 @@ from gpuidle.model import TRACKER_OTHER
 from . import ddp
 from .base import TrackerBase
 from .clock import CudaClock, DeviceClock, HostClock, Marker
-from .exchange import Gather, dist_gather, dist_hostnames, exchange_group
+from .exchange import Gather, dist_gather, dist_rank_facts, exchange_group
+from .groups import rank_groups
 from .phases import (
     COMPUTE_PHASES,
     COPY_PHASE,
@@ -120,6 +121,9 @@ class StepTracker(TrackerBase):
         distributed = dist.is_available() and dist.is_initialized()
         rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
         world_size = world_size if world_size is not None else (dist.get_world_size() if distributed else 1)
+        groups, unread = rank_groups(dist.get_rank()) if distributed else ([], None)
+        if unread is not None:
+            notes.append(unread)
 
         if device_clock == "auto":
             device_clock = CudaClock() if torch.cuda.is_available() else None
@@ -137,10 +141,11 @@ class StepTracker(TrackerBase):
         self._device = torch.cuda.current_device() if cuda else 0
 
         hosts = [node_name()] * world_size  # the metrics' Hostname labels; a test's gather runs every rank here
+        by_rank = [groups if r == rank else [] for r in range(world_size)]
         if gather is None and world_size > 1:
             exchange = exchange_group(group)
             gather = dist_gather(exchange, world_size)
-            hosts = dist_hostnames(exchange, world_size, hosts[0])
+            hosts, by_rank = dist_rank_facts(exchange, world_size, hosts[0], groups)
         self._samples = samples or batch_size
         self._step_start: int | None = None
         self._open = OpenStep()
@@ -157,7 +162,7 @@ class StepTracker(TrackerBase):
             copy_phase=copy_phase, every=every, log_every=log_every, notes=notes, clock=clock, log=log,
             summary_steps=summary_steps, label=label, ledger=ledger, prometheus_port=prometheus_port,
             prometheus_addr=prometheus_addr, device=self._device,
-            device_name=torch.cuda.get_device_name(self._device) if cuda else None,
+            device_name=torch.cuda.get_device_name(self._device) if cuda else None, process_groups=by_rank,
         )
         if model is not None:
             known = len(self._notes)

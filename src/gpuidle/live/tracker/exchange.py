@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -43,6 +43,8 @@ class JobInfo:
     compute_phases: list[str]
     copy_phase: str
     framework: str = "pytorch"
+    process_groups: tuple[tuple[dict[str, Any], ...], ...] = ()
+    """Each rank's process groups by rank (:attr:`TrackerHeader.process_groups`); empty where not exchanged."""
 
 
 class RowLayout:
@@ -109,6 +111,7 @@ class RowLayout:
             profiled=m[:, col["profiled"]] > 0, comm_hook=comm_hook,
             comm_settings=dict(comm_settings or {}), notes=notes, sync=c("sync"), syncs=c("syncs"),
             framework=info.framework,
+            process_groups=list(info.process_groups[rank]) if rank < len(info.process_groups) else [],
         )
 
 
@@ -212,10 +215,13 @@ def dist_gather(group: dist.ProcessGroup | None, world: int) -> Gather:
     return gather
 
 
-def dist_hostnames(group: dist.ProcessGroup | None, world: int, host: str) -> list[str]:
-    """Every rank's node name, by rank: once, when the tracker starts (the metrics' ``Hostname`` labels)."""
+def dist_rank_facts(group: dist.ProcessGroup | None, world: int, host: str, groups: list[dict[str, Any]]
+                    ) -> tuple[list[str], list[list[dict[str, Any]]]]:
+    """Every rank's node name (the metrics' ``Hostname`` labels) and process groups (its place in the mesh), by
+    rank: once, when the tracker starts."""
     import torch.distributed as dist
 
-    hosts: list[object] = [None] * world
-    dist.all_gather_object(hosts, host, group=group)
-    return [str(h) for h in hosts]
+    facts: list[object] = [None] * world
+    dist.all_gather_object(facts, (host, groups), group=group)
+    pairs = [f if isinstance(f, tuple) and len(f) == 2 else ("", []) for f in facts]
+    return [str(h) for h, _ in pairs], [list(g) if isinstance(g, list) else [] for _, g in pairs]

@@ -1,0 +1,73 @@
+"""The job's mesh from its ranks': the dimensions merged, the parts of the mesh no trace covers, and the
+pipeline stage that sets the pace."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuidle.analysis.steps import counted
+from gpuidle.model import RankReport, duration
+from gpuidle.model.mesh import DIMENSION_WORDS, DIMENSIONS, SHAPE, MeshDim
+
+PACE_NOISE = 0.05
+"""Stages whose compute per step differs by less than this share compute alike: the pace is the schedule's."""
+
+
+def job_mesh(meshes: list[list[MeshDim]]) -> list[MeshDim]:
+    """The ranks' dimensions merged: size, source and groups as most ranks show them, counts and times summed."""
+    out = []
+    for dim in DIMENSIONS:
+        mine = [m for mesh in meshes for m in mesh if m.dim == dim]
+        if not mine:
+            continue
+        sizes = [m.size for m in mine if m.size is not None]
+        sources = [m.source for m in mine]
+        groups = [g for m in mine for g in m.groups]
+        out.append(MeshDim(
+            dim=dim, size=max(sorted(set(sizes)), key=sizes.count) if sizes else None, coordinate=None,
+            groups=sorted(set(groups), key=groups.count, reverse=True), source=max(sorted(set(sources)),
+                                                                                  key=sources.count),
+            count=sum(m.count for m in mine), comm_s=sum(m.comm_s for m in mine),
+            exposed_s=sum(m.exposed_s for m in mine),
+        ))
+    return out
+
+
+def mesh_gaps(meshes: list[list[MeshDim]], found: set[int]) -> list[str]:
+    """``no trace of pp 1 (ranks 5, 7)``: each place of a dimension that no given rank holds, with the ranks the
+    given ranks' groups put there; a job whose ranks are partly missing names which part of its mesh."""
+    placed: dict[str, dict[int, set[int]]] = {}
+    for mesh in meshes:
+        for m in mesh:
+            if m.dim in SHAPE and m.ranks:
+                for place, r in enumerate(m.ranks):
+                    placed.setdefault(m.dim, {}).setdefault(place, set()).add(r)
+    notes = []
+    for dim in SHAPE:
+        for place, ranks in sorted(placed.get(dim, {}).items()):
+            if not ranks & found:
+                notes.append(f"no trace of {dim} {place} (ranks {', '.join(map(str, sorted(ranks)))}): "
+                             f"its {DIMENSION_WORDS[dim]} part of the job is not in this analysis")
+    return notes
+
+
+def pipeline_pace(reports: list[RankReport], include_all: bool = False) -> tuple[list[str], set[int]]:
+    """The stage that sets a pipeline's pace: the one whose ranks compute the longest per step (busy time; the
+    others wait for it in their bubbles). Its note, and its ranks: a slow stage is no data-parallel straggler."""
+    stages: dict[int, list[tuple[int, float]]] = {}
+    for r in reports:
+        pp = next((m for m in r.communication.mesh if m.dim == "pp"), None)
+        steps = counted(r.steps, include_all)
+        if pp is not None and pp.coordinate is not None and steps:
+            stages.setdefault(pp.coordinate, []).append((r.rank, sum(s.busy_s for s in steps) / len(steps)))
+    if len(stages) < 2:
+        return [], set()
+    busy = {stage: float(np.mean([b for _, b in ranks])) for stage, ranks in stages.items()}
+    slow, fast = max(busy, key=lambda k: busy[k]), min(busy, key=lambda k: busy[k])
+    if busy[slow] <= busy[fast] * (1 + PACE_NOISE):
+        return [f"pipeline stages compute alike ({duration(busy[fast])} to {duration(busy[slow])} a step): the "
+                "pace is the schedule's, not one stage's"], set()
+    ranks = sorted(r for r, _ in stages[slow])
+    return [f"pipeline stage {slow} (ranks {', '.join(map(str, ranks))}) computes the longest, "
+            f"{duration(busy[slow])} a step against {duration(busy[fast])} on stage {fast}: it sets the pipeline's "
+            "pace; move layers off it (a slow stage is no data-parallel straggler)"], set(ranks)

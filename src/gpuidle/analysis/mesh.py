@@ -1,0 +1,216 @@
+"""Which parallel dimension each collective belongs to, and the communication idle of each dimension.
+
+A collective's process group is told by its description in the trace's ``distributedInfo.pg_config``, as
+PyTorch's ``DeviceMesh`` names its groups (``mesh_tp``, ``mesh_dp_shard_cp``) and Megatron-Core its own
+(``TENSOR_MODEL_PARALLEL_GROUP``, ``EXPERT_MODEL_PARALLEL_GROUP``). Where the trace does not say, what the
+collective does is the evidence, and the dimension says it was inferred: send/recv is a pipeline's exchange,
+all-to-all an expert dispatch, a group of the whole world data parallel when nothing else is."""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import numpy as np
+
+from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.comm import Collectives, canonical_collective, collective_under, split_by_key
+from gpuidle.analysis.hostwork import innermost
+from gpuidle.analysis.idle import CAUSE_INDEX, DeviceIdle
+from gpuidle.model import I64, Cause, Timeline
+from gpuidle.model.mesh import DIMENSIONS, SHAPE, MeshDim
+
+_MEGATRON = [(re.compile(p), dim) for p, dim in (
+    (r"EXPERT_MODEL|EXPERT_TENSOR_AND_MODEL", "ep"),
+    (r"EXPERT_TENSOR", "tp"),
+    (r"EXPERT_DATA|DATA_PARALLEL|TENSOR_AND_DATA", "dp"),
+    (r"TENSOR_AND_CONTEXT|TENSOR_MODEL", "tp"),
+    (r"CONTEXT", "cp"),
+    (r"PIPELINE|EMBEDDING", "pp"),
+)]
+"""Megatron-Core's ``group_desc`` words (``parallel_state.initialize_model_parallel``), first match wins."""
+_MESH_WORDS = [({"dp", "fsdp", "ddp", "hsdp", "replicate", "shard", "data", "batch"}, "dp"),
+               ({"cp", "context"}, "cp"), ({"ep", "expert", "moe"}, "ep"), ({"tp", "tensor"}, "tp"),
+               ({"pp", "pipeline", "stage"}, "pp")]
+"""Words of a ``DeviceMesh`` dimension's name (``mesh_<name>``: torchtitan's ``dp_replicate``, ``dp_shard``,
+``cp``, ``tp``, ``pp``, ``ep``, the flattened ``dp_shard_cp``); first match wins, so data parallel flattened
+with context parallel stays data parallel (it reduces gradients)."""
+WORLD_DESCRIPTIONS = ("default_pg", "mesh_default")
+
+
+@functools.lru_cache(maxsize=256)
+def dimension_of_group(desc: str) -> str | None:
+    """``tp`` for ``mesh_tp`` or ``TENSOR_MODEL_PARALLEL_GROUP``; ``world`` for the default group; None where the
+    description names no dimension (``undefined``, ``mesh_dim_0``)."""
+    if desc in WORLD_DESCRIPTIONS:
+        return "world"
+    for pattern, dim in _MEGATRON:
+        if pattern.search(desc):
+            return dim
+    if desc.startswith("mesh_"):
+        words = set(desc[len("mesh_"):].lower().split("_"))
+        for names, dim in _MESH_WORDS:
+            if words & names:
+                return dim
+    return None
+
+
+class _Group:
+    """One process group as ``pg_config`` records it."""
+
+    def __init__(self, fact: dict[str, Any]) -> None:
+        self.desc = str(fact.get("pg_desc", ""))
+        ranks = fact.get("ranks")
+        self.ranks = [int(r) for r in ranks if isinstance(r, int) and not isinstance(r, bool)] \
+            if isinstance(ranks, list) else []
+
+
+def collective_dimensions(tl: Timeline, kinds: list[str], groups: list[str], sizes: I64,
+                          moe: bool) -> list[tuple[str, str]]:
+    """``(dimension, source)`` for each collective (its canonical kind, group name and group size); ``moe``: the
+    trace names a mixture-of-experts model (:func:`mixture_of_experts`)."""
+    facts = {str(g.get("pg_name", "")): _Group(g) for g in tl.meta.process_groups}
+    world = tl.meta.world_size
+    out = []
+    for kind, name, size in zip(kinds, groups, sizes.tolist(), strict=True):
+        fact = facts.get(name)
+        dim = dimension_of_group(fact.desc) if fact is not None else None
+        if dim is not None and fact is not None:
+            out.append((dim, f"group '{fact.desc}'" + (" (the whole world)" if dim == "world" else "")))
+        elif kind == "send_recv":
+            out.append(("pp", "inferred from send/recv (pipeline stages pass activations)"))
+        elif kind == "all_to_all" and moe:
+            out.append(("ep", "inferred from all-to-all in a mixture-of-experts model (expert dispatch and combine)"))
+        elif kind == "all_to_all":
+            out.append(("unknown", "all-to-all, its group not recorded: expert dispatch, sharded embeddings or "
+                                   "sequence-parallel attention"))
+        elif world is not None and (size == world or (fact is not None and len(fact.ranks) == world)):
+            out.append(("world", "inferred: its group is the whole world"))
+        else:
+            out.append(("unknown", "the trace records no group description"))
+    return out
+
+
+MOE_NAMES = re.compile(r"moe|expert|router|deepep|topk_softmax|token_dispatch|grouped_?gemm", re.I)
+"""Names a mixture-of-experts model leaves in a trace: Megatron-Core's ``MoELayer``/``TopKRouter``, vLLM's and
+SGLang's ``fused_moe`` kernels, DeepEP, grouped GEMMs."""
+
+
+def _world_is_data_parallel(dims: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """In a job with no dimension but the whole world, the world is data parallel: said with the evidence."""
+    return [("dp", f"{source}, and no other dimension") if dim == "world" else (dim, source) for dim, source in dims]
+
+
+def mixture_of_experts(tl: Timeline) -> bool:
+    """The trace names a mixture-of-experts layer, router or kernel anywhere."""
+    return any(MOE_NAMES.search(name) for name in tl.strings)
+
+
+def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64) -> tuple[
+        list[MeshDim], list[dict[str, float]]]:
+    """The rank's dimensions (in :data:`DIMENSIONS` order) and, per step, its ``communication`` idle by
+    dimension: under the collective kernel running then, else under the collective call the host was in, else
+    ``unknown``. The dimensions' idle adds up to the cause's, step by step."""
+    calls = tl.collectives
+    call_kinds = [canonical_collective(c) for c in calls.collective]
+    moe = "all_to_all" in {*call_kinds, *coll.collective} and mixture_of_experts(tl)  # the names read only if asked
+    call_dims = collective_dimensions(tl, call_kinds, calls.process_group, calls.group_size.astype(np.int64), moe)
+    kernel_dims = collective_dimensions(tl, coll.collective, coll.process_group, coll.group_size.astype(np.int64),
+                                        moe)
+    one_group = not any(d in SHAPE for d, _ in kernel_dims + call_dims) and {d for d, _ in kernel_dims} <= {"world"}
+    if not any(d in SHAPE for d, _ in kernel_dims + call_dims):
+        kernel_dims, call_dims = _world_is_data_parallel(kernel_dims), _world_is_data_parallel(call_dims)
+    if one_group:  # every kernel's group is the whole world: so is a call's that records none
+        call_dims = [("dp", "its group not recorded; every recorded one is the whole world") if d == "unknown"
+                     else (d, source) for d, source in call_dims]
+    seg_s, seg_e, label = device.segments
+    on = label == CAUSE_INDEX[Cause.COMMUNICATION]
+    s, e, row = collective_under(coll, device.device, (seg_s[on], seg_e[on]), bounds)
+    keys = [*(d for d, _ in kernel_dims), *(d for d, _ in call_dims), "unknown"]
+    key_row = row.copy()
+    loose = np.flatnonzero(row < 0)
+    key_row[loose] = len(keys) - 1
+    grouped = np.array([bool(g) for g in calls.process_group], dtype=bool)
+    # the call the host was in: one that names its group first (record_param_comms around an nccl:* range)
+    for rows in (np.flatnonzero(grouped), np.arange(len(calls))):
+        if loose.size == 0 or rows.size == 0:
+            continue
+        host_row = innermost(tl.host.start, tl.host.end, calls.host_index[rows], s[loose])
+        call_of = {int(h): int(i) for i, h in zip(rows.tolist(), calls.host_index[rows].tolist(), strict=True)}
+        found = host_row >= 0
+        key_row[loose[found]] = [len(kernel_dims) + call_of[int(h)] for h in host_row[found].tolist()]
+        loose = loose[~found]
+    if one_group:
+        keys[-1] = "dp"
+    per_step = split_by_key(s, e, key_row, keys, bounds)
+    exposed: dict[str, float] = {}
+    for d in per_step:
+        for k, v in d.items():
+            exposed[k] = exposed.get(k, 0.0) + v
+    return _dims(tl, coll, device, kernel_dims, call_dims, exposed), per_step
+
+
+def _declared(facts: dict[str, _Group], rank: int | None) -> dict[str, str]:
+    """Dimension -> the first group of this rank whose description names it."""
+    declared: dict[str, str] = {}
+    for name, fact in facts.items():
+        dim = dimension_of_group(fact.desc)
+        if dim in SHAPE and (rank is None or not fact.ranks or rank in fact.ranks):
+            declared.setdefault(dim, name)
+    return declared
+
+
+def tracker_mesh(groups: list[dict[str, Any]], rank: int, comm_s: float, exposed_s: float) -> list[MeshDim]:
+    """The mesh a step tracker's rank shows: its groups' dimensions with its place in each; the communication it
+    timed (DDP's, FSDP's or DeepSpeed's hooks) is data parallel's."""
+    facts = {str(g.get("pg_name", "")): _Group(g) for g in groups}
+    declared = _declared(facts, rank)
+    out = []
+    for dim in (d for d in SHAPE if d in declared or (d == "dp" and comm_s > 0)):
+        fact = facts.get(declared.get(dim, ""))
+        ranks = fact.ranks if fact is not None else []
+        out.append(MeshDim(
+            dim=dim, size=len(ranks) if ranks else None,
+            coordinate=ranks.index(rank) if rank in ranks else None, groups=[declared[dim]] if fact else [],
+            source=f"group '{fact.desc}'" if fact is not None else "the tracker's data-parallel hooks",
+            count=0, comm_s=comm_s if dim == "dp" else 0.0, exposed_s=exposed_s if dim == "dp" else 0.0,
+            ranks=ranks,
+        ))
+    return out
+
+
+def _dims(tl: Timeline, coll: Collectives, device: DeviceIdle, kernel_dims: list[tuple[str, str]],
+          call_dims: list[tuple[str, str]], exposed: dict[str, float]) -> list[MeshDim]:
+    """One :class:`MeshDim` per dimension that a collective, a step's idle or one of this rank's process groups
+    (``pg_config``, where its description names a dimension) shows; sizes and places from the groups' ranks."""
+    facts = {str(g.get("pg_name", "")): _Group(g) for g in tl.meta.process_groups}
+    rank = tl.meta.rank
+    declared = _declared(facts, rank)
+    on_device = coll.device == device.device
+    kernel_of = np.array([d for d, _ in kernel_dims], dtype=object)
+    out = []
+    seen = ({d for d, _ in kernel_dims} | {d for d, _ in call_dims} | {k for k, v in exposed.items() if v}
+            | set(declared))
+    for dim in (d for d in DIMENSIONS if d in seen):
+        mine = np.flatnonzero(on_device & (kernel_of == dim)) if kernel_of.size else np.zeros(0, dtype=np.int64)
+        named = [coll.process_group[i] for i in mine] + [
+            tl.collectives.process_group[i] for i, (d, _) in enumerate(call_dims) if d == dim]
+        groups = sorted({g for g in named if g}, key=lambda g: (-named.count(g), g))
+        sources = [s for d, s in kernel_dims if d == dim] or [s for d, s in call_dims if d == dim]
+        main = facts.get(groups[0] if groups else declared.get(dim, ""))
+        if not sources and main is not None:
+            sources = [f"group '{main.desc}' (no collective of it in the window)"]
+        ranks = main.ranks if main is not None else []
+        sized = coll.group_size[mine][coll.group_size[mine] > 0]
+        size = len(ranks) if ranks else (int(np.median(sized)) if sized.size else None)
+        out.append(MeshDim(
+            dim=dim, size=size if dim in SHAPE else None,
+            coordinate=ranks.index(rank) if dim in SHAPE and rank is not None and rank in ranks else None,
+            groups=groups or ([declared[dim]] if dim in declared else []),
+            source=max(sorted(set(sources)), key=sources.count) if sources else "no collective ran",
+            count=int(mine.size),
+            comm_s=iv.total(iv.clip(iv.union(coll.start[mine], coll.end[mine]), *device.window)) / 1e9,
+            exposed_s=exposed.get(dim, 0.0), ranks=ranks if dim in SHAPE else [],
+        ))
+    return out

@@ -1,0 +1,81 @@
+"""The one host call under most of a cause's idle in a step: what names a one-off wait in words.
+
+A step whose ``host_sync`` is one 463 ms blocking copy of a 4.5 µs transfer is not a step that syncs: the
+host waited for something the trace does not show. Saying which call, how long it took and what its own
+device work took lets the reader see that at once (``StepReport.main_calls``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuidle.analysis.hostwork import innermost
+from gpuidle.analysis.idle import CAUSE_INDEX, DeviceIdle, feeding_threads
+from gpuidle.analysis.names import NameClasses
+from gpuidle.model import I64, Cause, CopyKind, HostKind, StepCall, Timeline
+
+CALL_CAUSES = (Cause.HOST_SYNC, Cause.MEMCPY, Cause.DATA_LOADING, Cause.CPU_COMPUTE)
+"""Causes whose idle lies under host calls (launching is many small calls; the others are device-side)."""
+MAIN_SHARE = 0.5
+"""A call is a step's main call for a cause where it covers at least this share of the cause's idle there."""
+MIN_STEP_SHARE = 0.005
+"""...and at least this share of the step (below it the cause is not in the step: ``advice.rules.PRESENT``)."""
+
+
+def main_calls(tl: Timeline, names: NameClasses, launchers: I64, device: DeviceIdle, bounds: I64,
+               span: I64) -> list[dict[str, StepCall]]:
+    """For each step (``bounds``, ``span``: its length less start-up), the call under most of each cause's idle
+    where one covers at least :data:`MAIN_SHARE` of it."""
+    host = tl.host
+    n_steps = bounds.size - 1
+    chosen: dict[tuple[int, str], tuple[int, float]] = {}
+    seg_s, seg_e, label = device.segments
+    feeding = np.isin(host.thread, feeding_threads(tl, launchers, device.device))
+    loading = (names.data_loading | names.file_read)[host.name] & (host.kind != HostKind.RUNTIME)
+    calls = feeding & ((host.kind == HostKind.OP) | (host.kind == HostKind.RUNTIME)) & ~names.region[host.name]
+    for cause in CALL_CAUSES:
+        on = label == CAUSE_INDEX[cause]
+        if not on.any():
+            continue
+        points, length = seg_s[on], seg_e[on] - seg_s[on]
+        rows = _covering(host.start, host.end, np.flatnonzero(loading if cause is Cause.DATA_LOADING else calls),
+                         np.sort(points))
+        row = innermost(host.start, host.end, rows, points)
+        step = np.clip(np.searchsorted(bounds, points, side="right") - 1, 0, n_steps - 1)
+        keep = row >= 0
+        if not keep.any():
+            continue
+        pairs, where = np.unique(np.stack((step[keep], row[keep])), axis=1, return_inverse=True)
+        covered = np.bincount(where.ravel(), weights=length[keep], minlength=pairs.shape[1])
+        for k in np.argsort(-covered, kind="stable").tolist():
+            i, r = int(pairs[0, k]), int(pairs[1, k])
+            cause_idle = int(device.step_idle[i, CAUSE_INDEX[cause]])
+            if (i, cause.value) in chosen or covered[k] < max(MAIN_SHARE * cause_idle, MIN_STEP_SHARE * span[i]):
+                continue
+            chosen[i, cause.value] = (r, float(covered[k]))
+    transfers = _transfers(tl, launchers, np.array(sorted({r for r, _ in chosen.values()}), dtype=np.int64))
+    out: list[dict[str, StepCall]] = [{} for _ in range(n_steps)]
+    for (i, cause_name), (r, covered_ns) in chosen.items():
+        transfer = transfers.get(r)
+        out[i][cause_name] = StepCall(
+            name=tl.strings[int(host.name[r])], call_s=int(host.end[r] - host.start[r]) / 1e9,
+            idle_s=covered_ns / 1e9, transfer_s=None if transfer is None else transfer / 1e9)
+    return out
+
+
+def _covering(start: I64, end: I64, rows: I64, sorted_points: I64) -> I64:
+    """The ``rows`` whose range holds at least one point: the few calls worth the innermost sweep."""
+    inside = (np.searchsorted(sorted_points, end[rows], side="left")
+              - np.searchsorted(sorted_points, start[rows], side="left"))
+    return rows[inside > 0]
+
+
+def _transfers(tl: Timeline, launchers: I64, rows: I64) -> dict[int, int]:
+    """For each of ``rows`` (sorted) that launched a copy, the device time of its copies (ns)."""
+    ops = tl.device_ops
+    copies = np.isin(launchers, rows) & (ops.copy_kind != CopyKind.NONE)
+    if not copies.any():
+        return {}
+    by_row, where = np.unique(launchers[copies], return_inverse=True)
+    took = np.bincount(where, weights=(ops.end - ops.start)[copies])
+    return {int(r): int(t) for r, t in zip(by_row.tolist(), took.tolist(), strict=True)}
