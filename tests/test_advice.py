@@ -89,6 +89,13 @@ API_NAMES = [
     "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook",
     "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.PowerSGDState",
     "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.powerSGD_hook",
+    "torch._inductor.config._micro_pipeline_tp",
+    "torch.distributed._symmetric_memory.enable_symm_mem_for_group",
+    "torch.distributed.pipelining.ScheduleInterleaved1F1B",
+    "torch.distributed.pipelining.ScheduleInterleavedZeroBubble",
+    "torch.distributed.tensor.parallel.SequenceParallel",
+    "torch.distributed.tensor.experimental.context_parallel",
+    "torch.distributed.tensor.experimental._attention.set_rotate_method",
 ]
 
 

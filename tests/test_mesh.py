@@ -291,3 +291,32 @@ def test_the_stage_that_computes_longest_sets_the_pace(tmp_path: Path) -> None:
     assert ("pipeline stage 1 (ranks 1) computes the longest, 9.00 ms a step against "
             f"{busy0:.2f} ms on stage 0: it sets the pipeline's pace") in " ".join(report.job.notes)
     assert 1 not in {s.rank for s in report.job.stragglers}
+
+
+def test_context_parallel_overlap_from_the_cp_group(tmp_path: Path) -> None:
+    """A ring of send/recv on the group ``mesh_cp``: its description, not the send/recv, tells the dimension."""
+    groups = [*GROUPS[:1], {"pg_name": "5", "pg_desc": "mesh_cp", "pg_size": 2, "ranks": [1, 9]}]
+    comms = [("send", "5", SENDRECV, 3_000, 3_600, 600)]
+    report = analyze([mesh_trace(tmp_path, groups, comms=comms, world=16)])
+    (rank,) = report.ranks
+    assert by_dim(rank)["cp"].source == "group 'mesh_cp'"
+    (fix,) = [r for r in report.recommendations if r.id == "cp_comm_overlap"]
+    cp = 600 * US
+    assert (fix.gain.step_s_saved_low, fix.gain.step_s_saved_high) == (pytest.approx(0.3 * cp), pytest.approx(0.9 * cp))
+    assert fix.title.endswith("keep the ring inside one node")
+    assert "pipeline_bubble" not in {r.id for r in report.recommendations}
+
+
+def test_the_rank_others_wait_for_in_all_to_all_is_named(tmp_path: Path) -> None:
+    """Two expert-parallel ranks: rank 1's all-to-all runs 1.0 ms a step, 0.8 ms of it with no compute beside it
+    (the next kernel starts at 3.8 ms), rank 0's 0.25 ms: rank 0 is the one the other waits for."""
+    one, two = tmp_path / "0", tmp_path / "1"
+    one.mkdir()
+    two.mkdir()
+    traces = [mesh_trace(folder, None, names=False, rank=rank, world=2,
+                         comms=[("all_to_all", "", ALLTOALL, 3_000, 3_000 + wait, wait)])
+              for folder, rank, wait in ((one, 0, 250), (two, 1, 1_000))]
+    report = analyze(traces)
+    assert report.job is not None
+    assert ("all-to-all: rank 0 waits least in its all-to-alls (250.0 µs a step against 800.0 µs on rank 1): the "
+            "others wait for it") in " ".join(report.job.notes)

@@ -136,4 +136,41 @@ def pipeline_bubble(x: RuleInput) -> list[Proposal]:
     )]
 
 
-MESH_RULES = [exposed_tensor_parallel, pipeline_bubble]
+CP_OVERLAP = TP_OVERLAP
+"""As for tensor parallel: the ring's key/value exchange hides under each block's attention where the blocks are
+long; short sequences per rank hide less."""
+
+
+def exposed_context_parallel(x: RuleInput) -> list[Proposal]:
+    """Context parallel's key/value exchange (a ring of send/recv, or all-gather/all-to-all rotations) with no
+    attention compute beside it: rotate with all-to-all and overlap, and keep the ring inside a node."""
+    cp = dimension(x, "cp")
+    idle = dimension_idle(x, ("cp",))
+    if cp is None or x.state.step_s <= 0 or idle / x.state.step_s < MIN_SHARE:
+        return []
+    across = _spans_nodes(cp.ranks)
+    fix = ("# PyTorch: context-parallel SDPA; an all-to-all rotation of the KV shards overlaps with attention\n"
+           "from torch.distributed.tensor.experimental import context_parallel\n"
+           "from torch.distributed.tensor.experimental._attention import set_rotate_method\n"
+           "set_rotate_method(\"alltoall\")\n"
+           "with context_parallel(cp_mesh, buffers=[inputs, labels], buffer_seq_dims=[1, 1]):\n"
+           "    loss = model(inputs, labels)\n"
+           "# Megatron-Core: --cp-comm-type p2p overlaps the ring with attention (Transformer Engine);\n"
+           "# a2a or a2a+p2p (--hierarchical-context-parallel-sizes) across nodes")
+    if across:
+        fix += (f"\n# this group's ranks ({cp.ranks[0]}..{cp.ranks[-1]}) span more than one {GPUS_PER_NODE}-GPU "
+                "node: a ring across nodes waits on the network at every hop")
+    low, high = CP_OVERLAP
+    return [x.rec(
+        "cp_comm_overlap", Cause.COMMUNICATION,
+        "Context-parallel key/value exchange is exposed: overlap it with attention"
+        + (" and keep the ring inside one node" if across else ""),
+        {"exposed_cp_ms_per_step": _ms(idle), "share_of_step": round(idle / x.state.step_s, 3),
+         "cp_size": cp.size, "cp_group_ranks": cp.ranks, "dimension_source": cp.source,
+         "assumption": f"overlap hides {low:.0%}–{high:.0%} of the exposed context-parallel communication"},
+        fix, removes_between(low, high, {Cause.COMMUNICATION: idle}, part="cp"),
+        confidence="low" if cp.inferred else "medium",
+    )]
+
+
+MESH_RULES = [exposed_tensor_parallel, exposed_context_parallel, pipeline_bubble]

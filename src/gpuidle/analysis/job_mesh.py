@@ -11,6 +11,8 @@ from gpuidle.model.mesh import DIMENSION_WORDS, DIMENSIONS, SHAPE, MeshDim
 
 PACE_NOISE = 0.05
 """Stages whose compute per step differs by less than this share compute alike: the pace is the schedule's."""
+SKEW_SHARE = 0.03
+"""Ranks whose exposed all-to-all per step differs by less than this share of the step wait alike."""
 
 
 def job_mesh(meshes: list[list[MeshDim]]) -> list[MeshDim]:
@@ -71,3 +73,25 @@ def pipeline_pace(reports: list[RankReport], include_all: bool = False) -> tuple
     return [f"pipeline stage {slow} (ranks {', '.join(map(str, ranks))}) computes the longest, "
             f"{duration(busy[slow])} a step against {duration(busy[fast])} on stage {fast}: it sets the pipeline's "
             "pace; move layers off it (a slow stage is no data-parallel straggler)"], set(ranks)
+
+
+def expert_skew(reports: list[RankReport], include_all: bool = False) -> list[str]:
+    """The rank the others wait for in their all-to-alls: the one whose own all-to-alls wait least (its
+    experts, given the most tokens, finish last), named where the ranks' exposed all-to-all per step differ by
+    :data:`SKEW_SHARE` of the step or more."""
+    waits: dict[int, tuple[float, float]] = {}
+    for r in reports:
+        steps = counted(r.steps, include_all)
+        exposed = sum(v for s in steps for k, v in s.exposed_comm_s.items() if k.startswith("all_to_all:"))
+        if steps and exposed > 0:
+            waits[r.rank] = (exposed / len(steps), sum(s.dur_s for s in steps) / len(steps))
+    if len(waits) < 2:
+        return []
+    least, most = min(waits, key=lambda k: waits[k][0]), max(waits, key=lambda k: waits[k][0])
+    step = float(np.median([st for _, st in waits.values()]))
+    if waits[most][0] - waits[least][0] < SKEW_SHARE * step:
+        return []
+    return [f"all-to-all: rank {least} waits least in its all-to-alls ({duration(waits[least][0])} a step against "
+            f"{duration(waits[most][0])} on rank {most}): the others wait for it; where its experts get the most "
+            "tokens, balance the router (Megatron-Core: moe_router_load_balancing_type, moe_aux_loss_coeff, "
+            "moe_expert_capacity_factor)"]

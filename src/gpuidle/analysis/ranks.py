@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
-from gpuidle.analysis.job_mesh import job_mesh, mesh_gaps, pipeline_pace
+from gpuidle.analysis.job_mesh import expert_skew, job_mesh, mesh_gaps, pipeline_pace
 from gpuidle.analysis.steps import counted
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.model import (
@@ -173,6 +173,7 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int], include_all: bo
     if missing:
         notes.append(f"{len(found)} of {world} ranks present: waits are relative to the ranks present")
         notes += mesh_gaps([r.communication.mesh for r in reports], set(found))
+    skew = expert_skew(reports, include_all)  # before the waits for a late rank are moved out of communication
     arrivals = match_collectives(ranks)
     for ra in ranks:
         apply_straggler_wait(ra, arrivals)
@@ -183,7 +184,7 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int], include_all: bo
         last_by_step[a.step][a.last] += max(a.waits.values())
     stragglers = _stragglers(reports, last_by_step, own)
     pace, stage_ranks = pipeline_pace(reports, include_all)
-    notes += pace
+    notes += pace + skew
     stragglers = [x for x in stragglers if x.rank not in stage_ranks]
     if len(_shared(own)[0]) < MIN_STRAGGLER_STEPS:
         notes.append(f"{TOO_FEW_STEPS}: {len(_shared(own)[0])} steady step(s) shared by all ranks, "
