@@ -320,3 +320,32 @@ def test_the_rank_others_wait_for_in_all_to_all_is_named(tmp_path: Path) -> None
     assert report.job is not None
     assert ("all-to-all: rank 0 waits least in its all-to-alls (250.0 µs a step against 800.0 µs on rank 1): the "
             "others wait for it") in " ".join(report.job.notes)
+
+
+@pytest.fixture(scope="module")
+def pipeline_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real ``torch.distributed.pipelining`` job of ``pipeline_profile.py`` on two gloo ranks."""
+    out = tmp_path_factory.mktemp("pipeline")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    str(Path(__file__).parent / "pipeline_profile.py"), str(out)],
+                   check=True, capture_output=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return out
+
+
+def test_a_real_pipeline_and_all_to_all_are_named_as_the_mesh_reads_them(pipeline_job: Path) -> None:
+    """Every collective PyTorch records on gloo for a pipeline schedule and an all-to-all is one the analysis
+    recognises (its host-call class), and reads as the kind its dimension is inferred from: each stage's
+    send/recv (4 microbatches, one neighbour: 4 each way) as ``send_recv``, the all-to-all as ``all_to_all``."""
+    from gpuidle.analysis.comm import canonical_collective
+    from gpuidle.analysis.names import COLLECTIVE_HOST
+
+    for rank in range(2):
+        doc = json.loads((pipeline_job / f"pipeline_rank{rank}.json").read_text())
+        assert doc["distributedInfo"]["pg_config"][0]["pg_desc"] == "default_pg"
+        names = [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+        collective = [n for n in names if n.startswith(("c10d::", "gloo:"))]
+        assert collective
+        assert all(any(p.search(n) for p in COLLECTIVE_HOST) for n in collective)
+        kinds = [canonical_collective(n) for n in collective if n.startswith("c10d::")]
+        assert kinds.count("send_recv") == 2 * 4
+        assert kinds.count("all_to_all") == 1
