@@ -9,6 +9,7 @@ package uses.
 
 from __future__ import annotations
 
+from .compare import COMPARE_SCHEMA, Comparison, CostDelta, RecommendationChange, RunSummary
 from .fleet import FLEET_SCHEMA, FleetJob, FleetReport
 from .jsonio import JsonStruct
 from .mesh import DIMENSION_WORDS, DIMENSIONS, SHAPE, MeshDim
@@ -26,7 +27,6 @@ from .metrics import (
 )
 from .report import (
     COMM_ROLES,
-    COMPARE_SCHEMA,
     PARALLELISM,
     AnalysisReport,
     CalcLine,
@@ -34,8 +34,6 @@ from .report import (
     Combined,
     CommReport,
     CommRole,
-    Comparison,
-    CostDelta,
     CostResult,
     DeviceReport,
     DeviceTimeline,
@@ -50,8 +48,6 @@ from .report import (
     RankReport,
     RankRow,
     Recommendation,
-    RecommendationChange,
-    RunSummary,
     Source,
     StartupCost,
     StepCall,
