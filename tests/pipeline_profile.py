@@ -32,11 +32,10 @@ def main(out: str) -> None:
             schedule.step(target=torch.zeros(8, 16), losses=[])
 
     run()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with record_function("ProfilerStep#0"):
-            run()
-            tokens = torch.arange(4, dtype=torch.float32)
-            dist.all_to_all_single(torch.empty(4), tokens)
+    with profile(activities=[ProfilerActivity.CPU]) as prof, record_function("ProfilerStep#0"):
+        run()
+        tokens = torch.arange(4, dtype=torch.float32)
+        dist.all_to_all_single(torch.empty(4), tokens)
     prof.export_chrome_trace(f"{out}/pipeline_rank{rank}.json")
     dist.destroy_process_group()
 

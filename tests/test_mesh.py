@@ -53,7 +53,7 @@ def mesh_trace(path: Path, groups: list[dict[str, Any]] | None, names: bool = Tr
             at += 10
         for collective, group, kernel, start, end, _ in comms:
             args = {"Collective name": collective, "Group size": 2, "In msg nelems": 1 << 20,
-                    "Out msg nelems": 1 << 20, "dtype": "BFloat16"}
+                    "Out msg nelems": 1 << 20, "dtype": "Float" if "_f32_" in kernel else "BFloat16"}
             if names:
                 args["Process Group Name"] = group
             t.op("record_param_comms", at, 10, **args)
@@ -125,13 +125,22 @@ def test_without_groups_the_dimension_says_it_was_inferred(tmp_path: Path) -> No
 
 def test_an_all_to_all_is_expert_parallel_only_in_a_mixture_of_experts(tmp_path: Path) -> None:
     comms = [("all_to_all", "", ALLTOALL, 3_000, 3_800, 800)]
-    (plain,) = analyze([mesh_trace(tmp_path, None, names=False, comms=comms)]).ranks
+    report = analyze([mesh_trace(tmp_path, None, names=False, comms=comms)])
+    (plain,) = report.ranks
     assert by_dim(plain)["unknown"].source.startswith("all-to-all, its group not recorded")
+    (fix,) = [r for r in report.recommendations if r.id == "moe_all_to_all_overlap"]
+    assert fix.gain.step_s_saved is None  # not known to be an expert dispatch: no gain promised
+    assert "not known to be expert dispatch" in (fix.gain.reason or "")
+    assert fix.confidence == "low"
     moe = tmp_path / "moe"
     moe.mkdir()
-    (rank,) = analyze([with_op(mesh_trace(moe, None, names=False, comms=comms), "MoELayer.forward")]).ranks
+    report = analyze([with_op(mesh_trace(moe, None, names=False, comms=comms), "MoELayer.forward")])
+    (rank,) = report.ranks
     assert by_dim(rank)["ep"].inferred
     assert by_dim(rank)["ep"].exposed_s == pytest.approx(4 * 800 * US)
+    (fix,) = [r for r in report.recommendations if r.id == "moe_all_to_all_overlap"]
+    assert (fix.gain.step_s_saved_low, fix.gain.step_s_saved_high) == (
+        pytest.approx(0.3 * 800 * US), pytest.approx(0.8 * 800 * US))
 
 
 @pytest.mark.parametrize(("desc", "dim"), [
@@ -349,3 +358,75 @@ def test_a_real_pipeline_and_all_to_all_are_named_as_the_mesh_reads_them(pipelin
         kinds = [canonical_collective(n) for n in collective if n.startswith("c10d::")]
         assert kinds.count("send_recv") == 2 * 4
         assert kinds.count("all_to_all") == 1
+
+
+def test_a_context_parallel_all_to_all_is_the_cp_fixs_alone(tmp_path: Path) -> None:
+    """Ulysses-style context parallel: an all-to-all on the ``mesh_cp`` group, in a mixture-of-experts model. The
+    cp fix claims it; the expert fix, with no expert-parallel group, promises nothing on it."""
+    groups = [*GROUPS[:1], {"pg_name": "5", "pg_desc": "mesh_cp", "pg_size": 2, "ranks": [0, 1]}]
+    comms = [("all_to_all", "5", ALLTOALL, 3_000, 3_800, 800)]
+    report = analyze([with_op(mesh_trace(tmp_path, groups, comms=comms), "MoELayer.forward")])
+    ids = {r.id: r for r in report.recommendations}
+    assert ids["cp_comm_overlap"].gain.step_s_saved_high == pytest.approx(0.9 * 800 * US)
+    assert ids["moe_all_to_all_overlap"].gain.step_s_saved is None
+
+
+def test_compression_is_never_credited_with_tensor_parallel_all_reduces(tmp_path: Path) -> None:
+    """DDP beside tensor parallel: an exposed 0.8 ms fp32 all-reduce on the tp group, the dp group's all under
+    compute. A bf16 hook on DDP's gradients cannot shorten the tp all-reduce: no compression fix."""
+    fp32 = ALLREDUCE.replace("bf16", "f32")
+    comms = [("allreduce", "7", fp32, 3_000, 3_800, 800), ("allreduce", "4", fp32, 1_000, 1_500, 0)]
+    trace = with_op(mesh_trace(tmp_path, GROUPS, comms=comms, compute=[(10, 3_000), (3_800, 9_900)]),
+                    "DistributedDataParallel.forward")
+    report = analyze([with_op(trace, "autograd::engine::evaluate_function: AddmmBackward0")])
+    assert report.ranks[0].communication.parallelism == "ddp"
+    ids = {r.id for r in report.recommendations}
+    assert "comm_compression" not in ids
+    assert "tp_comm_overlap" in ids
+
+
+def test_flattened_and_hsdp_groups_give_each_dimension_its_own_size(tmp_path: Path) -> None:
+    """torchtitan's 8 ranks as dp_replicate 2 × dp_shard 2 × tp 2, with FSDP on the flattened ``dp_shard_cp``-like
+    group and the default group written without its ranks (as some PyTorch versions do): dp is replicate × shard,
+    the flattened group gives no size, the world's list is never copied into the report."""
+    # rank 5: replicate 1, shard 0, tp 1 (tp innermost, then shard, then replicate)
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 8, "ranks": []},
+              {"pg_name": "1", "pg_desc": "mesh_dp_replicate", "pg_size": 2, "ranks": [1, 5]},
+              {"pg_name": "2", "pg_desc": "mesh_dp_shard", "pg_size": 2, "ranks": [5, 7]},
+              {"pg_name": "3", "pg_desc": "mesh_dp_shard_cp", "pg_size": 4, "ranks": [1, 3, 5, 7]},
+              {"pg_name": "4", "pg_desc": "mesh_tp", "pg_size": 2, "ranks": [4, 5]}]
+    comms = [("allreduce", "4", ALLREDUCE, 3_000, 3_800, 800), ("allreduce", "3", ALLREDUCE, 6_000, 6_500, 500),
+             ("allreduce", "0", ALLREDUCE, 7_500, 7_600, 100)]
+    report = analyze([mesh_trace(tmp_path, groups, rank=5, comms=comms)])
+    dims = by_dim(report.ranks[0])
+    assert (dims["dp"].size, dims["dp"].coordinate, dims["dp"].ranks) == (4, 2, [])
+    assert (dims["tp"].size, dims["tp"].coordinate) == (2, 1)
+    assert "world" in dims  # the default group's all-reduce, beside the named dimensions
+    assert dims["world"].ranks == []
+    text = flat(TerminalRenderer().render(report))
+    assert "mesh: 8 ranks: dp 4 × tp 2 · this rank dp 2, tp 1" in text
+    assert "not recorded" not in text
+
+
+def test_a_batched_send_recv_counts_its_operations_from_the_host(tmp_path: Path) -> None:
+    """1F1B's steady state sends an activation and receives a gradient in one batch: one kernel, two
+    ``record_param_comms``. The microbatches come from the host calls: stage 0 of 4, four microbatches."""
+    t = Trace(rank=0, world=8, groups=PIPELINE_GROUPS)
+    for n in range(4):
+        base = n * STEP
+        t.step(n + 1, base, STEP)
+        at = base + 5
+        for start, end in [(10, 1_000)] + [(1_000 + j * 2_250 + 1_125, 1_000 + (j + 1) * 2_250) for j in range(4)]:
+            t.launch(at=at, call_dur=5, start=base + start, dur=end - start)
+            at += 10
+        for j in range(4):
+            for op in ("send", "recv"):
+                t.op("record_param_comms", at, 10, **{"Collective name": op, "Process Group Name": "2",
+                                                        "Group size": 4, "dtype": "BFloat16"})
+                at += 10
+            t.launch(at=at - 8, call_dur=5, start=base + 1_000 + j * 2_250, dur=1_125, stream=20, name=SENDRECV)
+    report = analyze([t.write(tmp_path / "rank0.json.gz")])
+    assert by_dim(report.ranks[0])["pp"].p2p == 4 * 8
+    assert by_dim(report.ranks[0])["pp"].count == 4 * 4
+    (fix,) = [r for r in report.recommendations if r.id == "pipeline_bubble"]
+    assert fix.evidence["microbatches"] == 4

@@ -282,6 +282,7 @@ def test_an_exposed_all_to_all_is_a_cause_with_a_fix_never_no_cause(tmp_path: Pa
         t.launch(at=base + 880, call_dur=5, start=base + 880, dur=500)          # experts
         _collective(t, base + 1382, "all_to_all", A2A, base + 1390, 250, MAIN)  # combine, exposed
         t.launch(at=base + 1645, call_dur=5, start=base + 1650, dur=300)
+    t.op("MoELayer.forward", 1, 1)  # a mixture-of-experts model: the all-to-alls are expert parallel's
     report = analyze([t.write(tmp_path / "rank0.json.gz")])
     rec = next(r for r in report.recommendations if r.id == "moe_all_to_all_overlap")
     share = rec.evidence["share_of_step"]

@@ -59,7 +59,7 @@ def test_groups_torch_does_not_give_are_said_in_one_line(monkeypatch: pytest.Mon
     from torch.distributed import distributed_c10d
 
     monkeypatch.delattr(distributed_c10d, "_get_all_pg_configs")
-    groups, note = rank_groups(0)
+    groups, note = rank_groups(0, 4)
     assert groups == []
     assert note is not None
     assert note.startswith("process groups not read (AttributeError")

@@ -36,6 +36,12 @@ FULL_PRECISION = ("float32", "float64")
 """All-reduces a bf16/fp16 compression hook halves; a bf16 or int8 collective has nothing left to compress."""
 
 
+def data_parallel(x: RuleInput, exposed: float) -> float:
+    """``exposed`` as a DDP fix may claim it: in a job with model-parallel dimensions, at most the data-parallel
+    groups' idle (tensor-parallel all-reduces are no DDP bucket's and no comm hook's)."""
+    return min(exposed, dimension_idle(x, DATA_PARALLEL_GROUPS)) if model_parallel(x) else exposed
+
+
 def exposed_communication(x: RuleInput) -> list[Proposal]:
     """DDP tuning when collectives run with no compute beside them; each fix is credited only with the exposed
     time of the collectives it touches, from the bytes and dtypes they move. Sharded jobs get their own
@@ -51,9 +57,7 @@ def exposed_communication(x: RuleInput) -> list[Proposal]:
     count = x.per_window_step(sum(c.count for c in reduces))
     nbytes = x.per_window_step(sum(c.bytes for c in reduces))
     exposed = x.idle(Cause.COMMUNICATION)
-    exposed_reduce = x.exposed(ALL_REDUCE)
-    if model_parallel(x):  # tensor-parallel all-reduces are no DDP bucket's: only the data-parallel groups'
-        exposed_reduce = min(exposed_reduce, dimension_idle(x, DATA_PARALLEL_GROUPS))
+    exposed_reduce = data_parallel(x, x.exposed(ALL_REDUCE))
     by_kind = {k: _ms(x.exposed((k,))) for k in sorted({c.collective for c in comm.collectives})}
     if x.accumulation_repeats > 1 and exposed_reduce > 0:
         out.append(x.rec(
@@ -112,11 +116,19 @@ little compute beside it, or uneven experts (the busiest rank's wait is no trans
 def exposed_all_to_all(x: RuleInput) -> list[Proposal]:
     """Expert parallelism's dispatch and combine (all-to-all) with no compute beside them, any style and phase:
     overlap them with the experts' compute and balance the experts. How much overlap hides depends on the compute
-    there is to hide it under: a modelled range (:data:`A2A_OVERLAP`)."""
+    there is to hide it under: a modelled range (:data:`A2A_OVERLAP`) of the expert-parallel dimension's idle; an
+    all-to-all not known to be an expert dispatch gets no gain."""
     exposed = x.exposed(("all_to_all",))
     share = exposed / x.state.step_s if x.state.step_s else 0.0
     if share < MIN_SHARE:
         return []
+    expert = any(m.dim == "ep" for m in x.report.communication.mesh)
+    if expert:  # a context-parallel all-to-all is the cp fix's
+        exposed = min(exposed, dimension_idle(x, ("ep",)))
+    effect = removes_between(*A2A_OVERLAP, {Cause.COMMUNICATION: exposed}, part="ep") if expert else Effect(
+        reason="not estimable from one trace: its all-to-alls are not known to be expert dispatch and combine (no "
+               "expert-parallel group or mixture-of-experts name in the trace); sharded embeddings and "
+               "sequence-parallel attention overlap theirs differently")
     calls = x.per_window_step(sum(c.count for c in x.report.communication.collectives
                                   if c.collective == "all_to_all"))
     return [x.rec(
@@ -131,7 +143,7 @@ def exposed_all_to_all(x: RuleInput) -> list[Proposal]:
         "# or the fused dispatcher: config.moe_token_dispatcher_type = \"flex\" with DeepEP\n"
         "# uneven experts make every rank wait for the busiest: check the router's load balancing\n"
         "# (config.moe_router_load_balancing_type, config.moe_aux_loss_coeff); keep EP within one node",
-        removes_between(*A2A_OVERLAP, {Cause.COMMUNICATION: exposed}, part="all_to_all"), confidence="medium",
+        effect, confidence="medium" if expert else "low",
     )]
 
 
@@ -190,7 +202,8 @@ def _compression(x: RuleInput, reduces: list[CollectiveStat], exposed: float,
     full = [c for c in reduces if c.dtype in FULL_PRECISION]
     unknown = [c for c in reduces if c.dtype == "unknown"]
     target = full or unknown
-    exposed_target = x.exposed(ALL_REDUCE, FULL_PRECISION) if full else x.exposed(ALL_REDUCE, ("unknown",))
+    exposed_target = data_parallel(x, x.exposed(ALL_REDUCE, FULL_PRECISION) if full
+                                   else x.exposed(ALL_REDUCE, ("unknown",)))
     message = sum(c.bytes for c in target) / max(1, sum(c.count for c in target))
     if not target or exposed_target <= 0 or message < COMPRESSIBLE_MESSAGE:
         return []

@@ -81,7 +81,7 @@ def microbatches(x: RuleInput, pp: MeshDim) -> float | None:
     if pp.size is None or pp.coordinate is None or pp.size < 2:
         return None
     neighbours = 1 if pp.coordinate in (0, pp.size - 1) else 2
-    m = pp.count / max(len(x.report.steps), 1) / (2 * neighbours)
+    m = pp.p2p / max(len(x.report.steps), 1) / (2 * neighbours)
     return m if m >= 1 else None  # fewer than one: batched send/recv pairs, or a window that cuts the schedule
 
 
@@ -108,14 +108,14 @@ def pipeline_bubble(x: RuleInput) -> list[Proposal]:
         return [x.rec("pipeline_bubble", Cause.COMMUNICATION,
                       f"The pipeline waits {share:.1%} of the step on its neighbouring stages", evidence, fix,
                       Effect(reason="not estimable from one trace: the stage's place or its microbatches are not "
-                                    f"told by it ({pp.count} send/recv in the window), so the schedule's bubble "
+                                    f"told by it ({pp.p2p} send/recv in the window), so the schedule's bubble "
                                     "cannot be told from a slower stage's"),
                       confidence="low")]
     bound = schedule_bubble(p, m)
     doubled = schedule_bubble(p, 2 * m)
     scheduled = min(idle, bound * x.state.step_s)
     beyond = idle - scheduled
-    evidence |= {"microbatches": round(m, 1), "microbatches_from": f"{pp.count} send/recv in the window",
+    evidence |= {"microbatches": round(m, 1), "microbatches_from": f"{pp.p2p} send/recv in the window",
                  "schedule_bubble_share": round(bound, 3), "beyond_schedule_ms_per_step": _ms(beyond),
                  "assumption": "twice the microbatches (or two virtual stages) brings the schedule's bubble from "
                                f"(p-1)/(m+p-1) = {bound:.1%} to {doubled:.1%}; smaller microbatches run less "

@@ -55,7 +55,9 @@ def mesh_gaps(meshes: list[list[MeshDim]], found: set[int]) -> list[str]:
 
 def pipeline_pace(reports: list[RankReport], include_all: bool = False) -> tuple[list[str], set[int]]:
     """The stage that sets a pipeline's pace: the one whose ranks compute the longest per step (busy time; the
-    others wait for it in their bubbles). Its note, and its ranks: a slow stage is no data-parallel straggler."""
+    others wait for it in their bubbles). Its note, and those of its ranks that compute alike their stage's other
+    ranks (all of them where it has one): a slow stage is no data-parallel straggler, but a slow GPU within it
+    still is."""
     stages: dict[int, list[tuple[int, float]]] = {}
     for r in reports:
         pp = next((m for m in r.communication.mesh if m.dim == "pp"), None)
@@ -70,9 +72,14 @@ def pipeline_pace(reports: list[RankReport], include_all: bool = False) -> tuple
         return [f"pipeline stages compute alike ({duration(busy[fast])} to {duration(busy[slow])} a step): the "
                 "pace is the schedule's, not one stage's"], set()
     ranks = sorted(r for r, _ in stages[slow])
+    alike: set[int] = set()
+    for member, own in stages[slow]:
+        peers = [other for q, other in stages[slow] if q != member]
+        if not peers or own <= float(np.median(peers)) * (1 + PACE_NOISE):
+            alike.add(member)
     return [f"pipeline stage {slow} (ranks {', '.join(map(str, ranks))}) computes the longest, "
             f"{duration(busy[slow])} a step against {duration(busy[fast])} on stage {fast}: it sets the pipeline's "
-            "pace; move layers off it (a slow stage is no data-parallel straggler)"], set(ranks)
+            "pace; move layers off it (a slow stage is no data-parallel straggler)"], alike
 
 
 def expert_skew(reports: list[RankReport], include_all: bool = False) -> list[str]:

@@ -56,14 +56,66 @@ def dimension_of_group(desc: str) -> str | None:
     return None
 
 
+def group_dimensions(desc: str) -> frozenset[str]:
+    """Every dimension a group's description names: one for most, two for a flattened group (torchtitan's
+    ``mesh_dp_shard_cp``, Megatron-Core's ``DATA_PARALLEL_GROUP_WITH_CP``, ``TENSOR_AND_CONTEXT_PARALLEL_GROUP``),
+    whose size and place are no single dimension's."""
+    if desc.startswith("mesh_"):
+        words = set(desc[len("mesh_"):].lower().split("_"))
+        return frozenset(dim for names, dim in _MESH_WORDS if words & names)
+    named = set()
+    if "EXPERT_MODEL" in desc or "EXPERT_TENSOR_AND_MODEL" in desc:
+        named.add("ep")
+    for word, dim in (("TENSOR", "tp"), ("DATA", "dp"), ("CONTEXT", "cp"), ("_WITH_CP", "cp"), ("PIPELINE", "pp"),
+                      ("EMBEDDING", "pp")):
+        if word in desc:
+            named.add(dim)
+    return frozenset(named)
+
+
 class _Group:
-    """One process group as ``pg_config`` records it."""
+    """One process group as ``pg_config`` records it; ``ranks`` may be empty for a group of the whole world (as
+    some PyTorch versions write it, and the tracker keeps it)."""
 
     def __init__(self, fact: dict[str, Any]) -> None:
         self.desc = str(fact.get("pg_desc", ""))
         ranks = fact.get("ranks")
         self.ranks = [int(r) for r in ranks if isinstance(r, int) and not isinstance(r, bool)] \
             if isinstance(ranks, list) else []
+        size = fact.get("pg_size", fact.get("group_size"))
+        self.size = len(self.ranks) or (size if isinstance(size, int) and not isinstance(size, bool) and size > 0
+                                        else 0)
+
+    def place(self, rank: int | None) -> int | None:
+        """``rank``'s index in the group; a whole-world group without its ranks holds every rank in order."""
+        if rank is None:
+            return None
+        if self.ranks:
+            return self.ranks.index(rank) if rank in self.ranks else None
+        return rank if 0 <= rank < self.size else None
+
+
+def _place(facts: dict[str, _Group], dim: str, rank: int | None, fallback: _Group | None,
+           world: int | None) -> tuple[int | None, int | None, list[int]]:
+    """``(size, coordinate, ranks)`` of ``rank`` in ``dim``: from this rank's groups that name ``dim`` alone (two
+    of them, as HSDP's ``dp_replicate`` and ``dp_shard``, multiply: outer first); else from ``fallback``, the
+    group its collectives ran on. ``ranks`` only for one group smaller than the world (a world-long list per
+    rank would grow with the square of the job)."""
+    single = [g for g in facts.values() if group_dimensions(g.desc) == {dim} and g.size
+              and (rank is None or g.place(rank) is not None)]
+    distinct = list({g.desc: g for g in single}.values())
+    if not distinct and fallback is not None and fallback.size:
+        distinct = [fallback]
+    if not distinct:
+        return None, None, []
+    size = 1
+    coordinate: int | None = 0
+    for g in distinct:
+        place = g.place(rank)
+        size *= g.size
+        coordinate = coordinate * g.size + place if place is not None and coordinate is not None else None
+    ranks = distinct[0].ranks if len(distinct) == 1 and (world is None or distinct[0].size < world) else []
+    return size, coordinate, ranks
 
 
 def collective_dimensions(tl: Timeline, kinds: list[str], groups: list[str], sizes: I64,
@@ -85,7 +137,7 @@ def collective_dimensions(tl: Timeline, kinds: list[str], groups: list[str], siz
         elif kind == "all_to_all":
             out.append(("unknown", "all-to-all, its group not recorded: expert dispatch, sharded embeddings or "
                                    "sequence-parallel attention"))
-        elif world is not None and (size == world or (fact is not None and len(fact.ranks) == world)):
+        elif world is not None and (size == world or (fact is not None and fact.size == world)):
             out.append(("world", "inferred: its group is the whole world"))
         else:
             out.append(("unknown", "the trace records no group description"))
@@ -98,8 +150,9 @@ SGLang's ``fused_moe`` kernels, DeepEP, grouped GEMMs."""
 
 
 def _world_is_data_parallel(dims: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """In a job with no dimension but the whole world, the world is data parallel: said with the evidence."""
-    return [("dp", f"{source}, and no other dimension") if dim == "world" else (dim, source) for dim, source in dims]
+    """In a job with no dimension but the whole world, the world is data parallel: inferred, with the evidence."""
+    return [("dp", f"inferred: {source.removeprefix('inferred: ')}, and no other dimension") if dim == "world"
+            else (dim, source) for dim, source in dims]
 
 
 def mixture_of_experts(tl: Timeline) -> bool:
@@ -107,8 +160,13 @@ def mixture_of_experts(tl: Timeline) -> bool:
     return any(MOE_NAMES.search(name) for name in tl.strings)
 
 
+DimSegments = tuple[I64, I64, I64, np.ndarray]
+"""The ``communication`` idle segments, cut at every collective's ends and at the steps' bounds: ``(start, end,
+step index, dimension)`` (the dimension as a string per segment)."""
+
+
 def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64) -> tuple[
-        list[MeshDim], list[dict[str, float]]]:
+        list[MeshDim], list[dict[str, float]], DimSegments]:
     """The rank's dimensions (in :data:`DIMENSIONS` order) and, per step, its ``communication`` idle by
     dimension: under the collective kernel running then, else under the collective call the host was in, else
     ``unknown``. The dimensions' idle adds up to the cause's, step by step."""
@@ -118,11 +176,12 @@ def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64) 
     call_dims = collective_dimensions(tl, call_kinds, calls.process_group, calls.group_size.astype(np.int64), moe)
     kernel_dims = collective_dimensions(tl, coll.collective, coll.process_group, coll.group_size.astype(np.int64),
                                         moe)
-    one_group = not any(d in SHAPE for d, _ in kernel_dims + call_dims) and {d for d, _ in kernel_dims} <= {"world"}
+    one_group = (bool(kernel_dims) and not any(d in SHAPE for d, _ in kernel_dims + call_dims)
+                 and {d for d, _ in kernel_dims} == {"world"})
     if not any(d in SHAPE for d, _ in kernel_dims + call_dims):
         kernel_dims, call_dims = _world_is_data_parallel(kernel_dims), _world_is_data_parallel(call_dims)
     if one_group:  # every kernel's group is the whole world: so is a call's that records none
-        call_dims = [("dp", "its group not recorded; every recorded one is the whole world") if d == "unknown"
+        call_dims = [("dp", "inferred: its group not recorded, every kernel's is the whole world") if d == "unknown"
                      else (d, source) for d, source in call_dims]
     seg_s, seg_e, label = device.segments
     on = label == CAUSE_INDEX[Cause.COMMUNICATION]
@@ -148,7 +207,9 @@ def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64) 
     for d in per_step:
         for k, v in d.items():
             exposed[k] = exposed.get(k, 0.0) + v
-    return _dims(tl, coll, device, kernel_dims, call_dims, exposed), per_step
+    step = np.clip(np.searchsorted(bounds, s, side="right") - 1, 0, bounds.size - 2)
+    labelled = (s, e, step, np.array(keys, dtype=object)[key_row] if key_row.size else np.zeros(0, dtype=object))
+    return _dims(tl, coll, device, kernel_dims, call_dims, exposed, call_kinds), per_step, labelled
 
 
 def _declared(facts: dict[str, _Group], rank: int | None) -> dict[str, str]:
@@ -156,32 +217,32 @@ def _declared(facts: dict[str, _Group], rank: int | None) -> dict[str, str]:
     declared: dict[str, str] = {}
     for name, fact in facts.items():
         dim = dimension_of_group(fact.desc)
-        if dim in SHAPE and (rank is None or not fact.ranks or rank in fact.ranks):
+        if dim in SHAPE and (rank is None or fact.place(rank) is not None):
             declared.setdefault(dim, name)
     return declared
 
 
-def tracker_mesh(groups: list[dict[str, Any]], rank: int, comm_s: float, exposed_s: float) -> list[MeshDim]:
+def tracker_mesh(groups: list[dict[str, Any]], rank: int, world: int, comm_s: float, exposed_s: float,
+                 collectives: int) -> list[MeshDim]:
     """The mesh a step tracker's rank shows: its groups' dimensions with its place in each; the communication it
-    timed (DDP's, FSDP's or DeepSpeed's hooks) is data parallel's."""
+    timed (DDP's, FSDP's or DeepSpeed's hooks, ``collectives`` buckets) is data parallel's."""
     facts = {str(g.get("pg_name", "")): _Group(g) for g in groups}
     declared = _declared(facts, rank)
     out = []
     for dim in (d for d in SHAPE if d in declared or (d == "dp" and comm_s > 0)):
         fact = facts.get(declared.get(dim, ""))
-        ranks = fact.ranks if fact is not None else []
+        size, coordinate, ranks = _place(facts, dim, rank, fact, world)
         out.append(MeshDim(
-            dim=dim, size=len(ranks) if ranks else None,
-            coordinate=ranks.index(rank) if rank in ranks else None, groups=[declared[dim]] if fact else [],
+            dim=dim, size=size, coordinate=coordinate, groups=[declared[dim]] if fact else [],
             source=f"group '{fact.desc}'" if fact is not None else "the tracker's data-parallel hooks",
-            count=0, comm_s=comm_s if dim == "dp" else 0.0, exposed_s=exposed_s if dim == "dp" else 0.0,
-            ranks=ranks,
+            count=collectives if dim == "dp" else 0, comm_s=comm_s if dim == "dp" else 0.0,
+            exposed_s=exposed_s if dim == "dp" else 0.0, ranks=ranks,
         ))
     return out
 
 
 def _dims(tl: Timeline, coll: Collectives, device: DeviceIdle, kernel_dims: list[tuple[str, str]],
-          call_dims: list[tuple[str, str]], exposed: dict[str, float]) -> list[MeshDim]:
+          call_dims: list[tuple[str, str]], exposed: dict[str, float], call_kinds: list[str]) -> list[MeshDim]:
     """One :class:`MeshDim` per dimension that a collective, a step's idle or one of this rank's process groups
     (``pg_config``, where its description names a dimension) shows; sizes and places from the groups' ranks."""
     facts = {str(g.get("pg_name", "")): _Group(g) for g in tl.meta.process_groups}
@@ -189,6 +250,7 @@ def _dims(tl: Timeline, coll: Collectives, device: DeviceIdle, kernel_dims: list
     declared = _declared(facts, rank)
     on_device = coll.device == device.device
     kernel_of = np.array([d for d, _ in kernel_dims], dtype=object)
+    recorded = [tl.strings[int(tl.host.name[h])] == "record_param_comms" for h in tl.collectives.host_index]
     out = []
     seen = ({d for d, _ in kernel_dims} | {d for d, _ in call_dims} | {k for k, v in exposed.items() if v}
             | set(declared))
@@ -201,16 +263,19 @@ def _dims(tl: Timeline, coll: Collectives, device: DeviceIdle, kernel_dims: list
         main = facts.get(groups[0] if groups else declared.get(dim, ""))
         if not sources and main is not None:
             sources = [f"group '{main.desc}' (no collective of it in the window)"]
-        ranks = main.ranks if main is not None else []
+        size, coordinate, ranks = _place(facts, dim, rank, main, tl.meta.world_size)
         sized = coll.group_size[mine][coll.group_size[mine] > 0]
-        size = len(ranks) if ranks else (int(np.median(sized)) if sized.size else None)
+        if size is None and sized.size:
+            size = int(np.median(sized))
         out.append(MeshDim(
-            dim=dim, size=size if dim in SHAPE else None,
-            coordinate=ranks.index(rank) if dim in SHAPE and rank is not None and rank in ranks else None,
+            dim=dim, size=size if dim in SHAPE else None, coordinate=coordinate if dim in SHAPE else None,
             groups=groups or ([declared[dim]] if dim in declared else []),
             source=max(sorted(set(sources)), key=sources.count) if sources else "no collective ran",
             count=int(mine.size),
             comm_s=iv.total(iv.clip(iv.union(coll.start[mine], coll.end[mine]), *device.window)) / 1e9,
             exposed_s=exposed.get(dim, 0.0), ranks=ranks if dim in SHAPE else [],
+            p2p=sum(1 for i, (d, _) in enumerate(call_dims)
+                    if d == dim and recorded[i] and call_kinds[i] == "send_recv")
+            or sum(1 for i in mine if coll.collective[i] == "send_recv"),
         ))
     return out

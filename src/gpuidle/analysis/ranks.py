@@ -80,11 +80,14 @@ class Arrival(msgspec.Struct, frozen=True):
 
 def _keyed(ra: RankAnalysis) -> list[tuple[int, tuple[int, str, int]]]:
     """The rank's collectives on its training device, each with its cross-rank key
-    (step number, process group, order within the step and group)."""
+    (step number, process group, order within the step and group). Send/recv is left out: it pairs two ranks,
+    not a group, and a pipeline stage's wait on its neighbour is its bubble, not a late rank's."""
     c = ra.collectives
     seen: dict[tuple[int, str], int] = defaultdict(int)
     out = []
     for i in np.flatnonzero(c.device == ra.primary_device):
+        if c.collective[i] == "send_recv":
+            continue
         step = int(ra.step_numbers[c.step[i]]) if ra.step_numbers.size else 0
         group = c.process_group[i] or "default"
         out.append((int(i), (step, group, seen[(step, group)])))
@@ -145,10 +148,31 @@ def apply_straggler_wait(ra: RankAnalysis, arrivals: list[Arrival]) -> int:
         kept = step_report.idle_by_cause_s[Cause.COMMUNICATION.value] / before if before > 0 else 0.0
         # the wait is the first part of each collective, whichever it is: each kind keeps the same share
         step_report.exposed_comm_s = {k: v * kept for k, v in step_report.exposed_comm_s.items()}
-        step_report.comm_by_dim_s = {k: v * kept for k, v in step_report.comm_by_dim_s.items()}
-    for dim in report.communication.mesh:
-        dim.exposed_s = sum(s.comm_by_dim_s.get(dim.dim, 0.0) for s in report.steps)
+    _move_by_dimension(ra, waiting)
     return total
+
+
+def _move_by_dimension(ra: RankAnalysis, waiting: iv.Intervals) -> None:
+    """The waiting taken out of each dimension's idle where it lies: the collective that waited is known."""
+    s, e, step, dim = ra.comm_dims
+    if s.size == 0:
+        return
+    cut_s, cut_e, label = iv.label_segments((s, e), [waiting], extra_points=None)
+    hit = label == 0
+    src = np.searchsorted(s, cut_s[hit], side="right") - 1
+    names, code = np.unique(dim.astype(str), return_inverse=True)
+    steps = ra.report.steps
+    key = step[src] * names.size + code[src]
+    moved = np.bincount(key, weights=(cut_e - cut_s)[hit], minlength=len(steps) * names.size)
+    for flat in np.flatnonzero(moved).tolist():
+        i, d = flat // names.size, str(names[flat % names.size])
+        left = steps[i].comm_by_dim_s.get(d, 0.0) - float(moved[flat]) / 1e9
+        if left > 1e-12:
+            steps[i].comm_by_dim_s[d] = left
+        else:
+            steps[i].comm_by_dim_s.pop(d, None)
+    for m in ra.report.communication.mesh:
+        m.exposed_s = sum(s.comm_by_dim_s.get(m.dim, 0.0) for s in steps)
 
 
 def _move(causes: dict[str, float], seconds: float) -> None:

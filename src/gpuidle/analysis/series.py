@@ -177,8 +177,8 @@ def rank_report(series: StepSeries) -> RankReport:
         timing="device" if s.device_timed else "host",
     )
     communication = _comm(s)
-    communication.mesh = tracker_mesh(s.process_groups, s.rank, communication.comm_s,
-                                      _s(by_cause[_COL[Cause.COMMUNICATION]]))
+    communication.mesh = tracker_mesh(s.process_groups, s.rank, s.world_size, communication.comm_s,
+                                      _s(by_cause[_COL[Cause.COMMUNICATION]]), int(s.buckets.sum()))
     steps = [
         StepReport(step=int(s.step[i]), start_s=_s(s.start[i]), dur_s=_s(s.dur[i]), busy_s=_s(split.busy[i]),
                    idle_s=_s(split.idle[i]), idle_by_cause_s={c.value: _s(split.causes[i, j])

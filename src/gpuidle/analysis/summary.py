@@ -15,7 +15,7 @@ from gpuidle.analysis.comm import Collectives, comm_report, exposed_by_collectiv
 from gpuidle.analysis.idle import CAUSE_INDEX, STARTUP_LABEL, DeviceIdle, attribute_idle
 from gpuidle.analysis.kernels import kernel_facts
 from gpuidle.analysis.links import launcher_rows
-from gpuidle.analysis.mesh import mesh_dims
+from gpuidle.analysis.mesh import DimSegments, mesh_dims
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.quality import quality_notes
 from gpuidle.analysis.sharded import classify, role_split
@@ -49,6 +49,8 @@ class RankAnalysis(msgspec.Struct, frozen=True):
     collectives: Collectives
     exposed_comm: tuple[I64, I64, np.ndarray]
     """Idle segments of the primary device charged to communication: ``(start, end, step index)``."""
+    comm_dims: DimSegments
+    """The same idle cut at every collective's ends, with each piece's parallel dimension."""
     accumulation_repeats: int
     started_ns: int = 0
     """The trace's earliest timestamp, as the profiler wrote it: which of two runs of one rank is the newer."""
@@ -93,7 +95,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     excluded = steady_state(span) if window.kind != "gpu_activity" else [None]
     excluded = truncated_edges(span, [NO_GPU_WORK if not with_work[i] else e for i, e in enumerate(excluded)])
     calls = main_calls(tl, names, launchers, primary, bounds, span)
-    communication.mesh, by_dim = mesh_dims(tl, coll, primary, bounds)
+    communication.mesh, by_dim, comm_dims = mesh_dims(tl, coll, primary, bounds)
     steps = [
         StepReport(
             step=int(window.steps.number[i]), start_s=_s(bounds[i]), dur_s=_s(span[i]),
@@ -124,7 +126,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     on_primary = coll.device == primary.device
     return RankAnalysis(
         report=report, primary_device=primary.device, step_numbers=window.steps.number,
-        collectives=coll, exposed_comm=(seg_s[exposed], seg_e[exposed], step_of),
+        collectives=coll, exposed_comm=(seg_s[exposed], seg_e[exposed], step_of), comm_dims=comm_dims,
         accumulation_repeats=_accumulation_repeats(coll, on_primary), started_ns=tl.meta.t0_ns,
     )
 

@@ -37,7 +37,10 @@ class MeshDim(msgspec.Struct):
     """The rank's ``communication`` idle while one of them ran, or under one of their host calls: the
     dimensions' ``exposed_s`` add up to that idle (``DeviceReport.idle_by_cause_s["communication"]``)."""
     ranks: list[int] = []
-    """This rank's group of the dimension, where recorded."""
+    """This rank's group of the dimension, where recorded and smaller than the world."""
+    p2p: int = 0
+    """Its send/recv operations in the window: host calls (``record_param_comms``) where the trace records them,
+    as a batched send/recv runs as one kernel; else its send/recv kernels."""
 
     @property
     def inferred(self) -> bool:

@@ -192,8 +192,8 @@ class CommReport(msgspec.Struct):
     """The framework's communication settings where the step tracker read them (a DeepSpeed engine's
     ``overlap_comm``, ``reduce_bucket_size``, ...); empty for traces, which do not hold them."""
     mesh: list[MeshDim] = []
-    """The job's parallel dimensions as this rank's collectives and groups show them, outermost first; their
-    ``exposed_s`` add up to the rank's ``communication`` idle. Empty: no collective in the window."""
+    """The job's parallel dimensions as this rank's collectives and process groups show them, outermost first;
+    their ``exposed_s`` add up to the rank's ``communication`` idle. Empty: no collective and no group named."""
 
 
 class StartupCost(msgspec.Struct):

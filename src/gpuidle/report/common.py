@@ -209,10 +209,11 @@ def excluded_lines(r: RankReport, kept: bool = False) -> list[str]:
 def _held_by(s: StepReport) -> str:
     """`` (host_sync 463.0 ms under one cudaMemcpyAsync call of 463.0 ms, its transfer 4.5 µs)``: the call under
     an outlier's largest cause, where one call holds it."""
-    if s.excluded != "outlier" or not s.main_calls:
+    if s.excluded != "outlier" or not s.idle_by_cause_s:
         return ""
-    cause, call = max(s.main_calls.items(), key=lambda kv: s.idle_by_cause_s.get(kv[0], 0.0))
-    return f" ({cause} {ms(s.idle_by_cause_s.get(cause, 0.0))} under {call.words()})"
+    cause = max(s.idle_by_cause_s, key=lambda c: s.idle_by_cause_s[c])
+    call = s.main_calls.get(cause)
+    return "" if call is None else f" ({cause} {ms(s.idle_by_cause_s[cause])} under {call.words()})"
 
 
 STARTUP_SHOWN = 8

@@ -121,7 +121,7 @@ class StepTracker(TrackerBase):
         distributed = dist.is_available() and dist.is_initialized()
         rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
         world_size = world_size if world_size is not None else (dist.get_world_size() if distributed else 1)
-        groups, unread = rank_groups(dist.get_rank()) if distributed else ([], None)
+        groups, unread = rank_groups(dist.get_rank(), dist.get_world_size()) if distributed else ([], None)
         if unread is not None:
             notes.append(unread)
 
