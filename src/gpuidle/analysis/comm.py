@@ -215,9 +215,10 @@ def comm_report(tl: Timeline, window: StepWindow, devices: list[DeviceIdle], col
     )
 
 
-def exposed_by_collective(coll: Collectives, device: int, seg: tuple[I64, I64], bounds: I64) -> list[dict[str, float]]:
-    """Per step, the exposed-communication segments ``seg`` split by the collective running (``kind:dtype``)."""
-    s, e, row = collective_under(coll, device, seg, bounds)
+def exposed_by_collective(coll: Collectives, under: tuple[I64, I64, I64], bounds: I64) -> list[dict[str, float]]:
+    """Per step, the exposed-communication segments split by the collective running (``kind:dtype``); ``under``:
+    the segments with their collective (:func:`collective_under`)."""
+    s, e, row = under
     return split_by_key(s, e, row, [f"{c}:{d}" for c, d in zip(coll.collective, coll.dtype, strict=True)], bounds)
 
 
@@ -245,11 +246,15 @@ def collective_under(coll: Collectives, device: int, seg: tuple[I64, I64], bound
     on = np.flatnonzero(coll.device == device)
     on = on[np.argsort(coll.start[on], kind="stable")]
     s, e, _ = iv.label_segments(iv.union(*seg), [(coll.start[on], coll.end[on])], extra_points=bounds)
-    # segments are cut at every call's ends, so a call covers those starting inside it; painted latest
-    # start first, the earliest-started call covering a segment is the one left
-    row = np.full(s.size, -1, dtype=np.int64)
+    # segments are cut at every call's ends, so call j covers the segments [first[j], last[j]); in start order,
+    # the earliest call covering segment i is the first j whose running maximum of ``last`` passes i, if it
+    # started by then (first[j] <= i)
+    if on.size == 0 or s.size == 0:
+        return s, e, np.full(s.size, -1, dtype=np.int64)
     first = np.searchsorted(s, coll.start[on], side="left")
     last = np.searchsorted(s, coll.end[on], side="left")
-    for j in range(on.size - 1, -1, -1):
-        row[first[j]:last[j]] = on[j]
-    return s, e, row
+    i = np.arange(s.size)
+    started = np.searchsorted(first, i, side="right")
+    earliest = np.searchsorted(np.maximum.accumulate(last), i, side="right")
+    row = np.where(earliest < started, on[np.minimum(earliest, on.size - 1)], -1)
+    return s, e, row.astype(np.int64)

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
-from gpuidle.analysis.comm import Collectives, canonical_collective, collective_under, split_by_key
+from gpuidle.analysis.comm import Collectives, canonical_collective, split_by_key
 from gpuidle.analysis.hostwork import innermost
-from gpuidle.analysis.idle import CAUSE_INDEX, DeviceIdle
-from gpuidle.model import I64, Cause, Timeline
+from gpuidle.analysis.idle import DeviceIdle
+from gpuidle.model import I64, Timeline
 from gpuidle.model.mesh import DIMENSIONS, SHAPE, MeshDim
 
 _MEGATRON = [(re.compile(p), dim) for p, dim in (
@@ -165,11 +165,12 @@ DimSegments = tuple[I64, I64, I64, np.ndarray]
 step index, dimension)`` (the dimension as a string per segment)."""
 
 
-def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64) -> tuple[
-        list[MeshDim], list[dict[str, float]], DimSegments]:
+def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64,
+              under: tuple[I64, I64, I64]) -> tuple[list[MeshDim], list[dict[str, float]], DimSegments]:
     """The rank's dimensions (in :data:`DIMENSIONS` order) and, per step, its ``communication`` idle by
     dimension: under the collective kernel running then, else under the collective call the host was in, else
-    ``unknown``. The dimensions' idle adds up to the cause's, step by step."""
+    ``unknown``; ``under``: that idle's segments with their collective (:func:`collective_under`). The
+    dimensions' idle adds up to the cause's, step by step."""
     calls = tl.collectives
     call_kinds = [canonical_collective(c) for c in calls.collective]
     moe = "all_to_all" in {*call_kinds, *coll.collective} and mixture_of_experts(tl)  # the names read only if asked
@@ -183,9 +184,7 @@ def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64) 
     if one_group:  # every kernel's group is the whole world: so is a call's that records none
         call_dims = [("dp", "inferred: its group not recorded, every kernel's is the whole world") if d == "unknown"
                      else (d, source) for d, source in call_dims]
-    seg_s, seg_e, label = device.segments
-    on = label == CAUSE_INDEX[Cause.COMMUNICATION]
-    s, e, row = collective_under(coll, device.device, (seg_s[on], seg_e[on]), bounds)
+    s, e, row = under
     keys = [*(d for d, _ in kernel_dims), *(d for d, _ in call_dims), "unknown"]
     key_row = row.copy()
     loose = np.flatnonzero(row < 0)

@@ -11,7 +11,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
-from gpuidle.analysis.comm import Collectives, comm_report, exposed_by_collective, find_collectives
+from gpuidle.analysis.comm import Collectives, collective_under, comm_report, exposed_by_collective, find_collectives
 from gpuidle.analysis.idle import CAUSE_INDEX, STARTUP_LABEL, DeviceIdle, attribute_idle
 from gpuidle.analysis.kernels import kernel_facts
 from gpuidle.analysis.links import launcher_rows
@@ -89,13 +89,14 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     bounds = window.bounds
     seg_s, seg_e, cause = primary.segments
     exposed = cause == CAUSE_INDEX[Cause.COMMUNICATION]
-    by_collective = exposed_by_collective(coll, primary.device, (seg_s[exposed], seg_e[exposed]), bounds)
+    under = collective_under(coll, primary.device, (seg_s[exposed], seg_e[exposed]), bounds)
+    by_collective = exposed_by_collective(coll, under, bounds)
     with_work = _steps_with_gpu_work(tl, bounds)
     span = np.diff(bounds) - primary.step_startup
     excluded = steady_state(span) if window.kind != "gpu_activity" else [None]
     excluded = truncated_edges(span, [NO_GPU_WORK if not with_work[i] else e for i, e in enumerate(excluded)])
     calls = main_calls(tl, names, launchers, primary, bounds, span)
-    communication.mesh, by_dim, comm_dims = mesh_dims(tl, coll, primary, bounds)
+    communication.mesh, by_dim, comm_dims = mesh_dims(tl, coll, primary, bounds, under)
     steps = [
         StepReport(
             step=int(window.steps.number[i]), start_s=_s(bounds[i]), dur_s=_s(span[i]),
