@@ -6,6 +6,8 @@ part of that cause no data-parallel fix claims."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from gpuidle.advice.ruleinput import MIN_SHARE, RuleInput, _ms, removes_between
 from gpuidle.advice.whatif import Effect, Proposal
 from gpuidle.model import Cause, MeshDim
@@ -37,37 +39,61 @@ def _spans_nodes(ranks: list[int]) -> bool:
     return len({r // GPUS_PER_NODE for r in ranks}) > 1
 
 
+class Overlap(NamedTuple):
+    """A dimension whose exposed communication overlapping hides: its fix in the trace's terms."""
+
+    dim: str
+    rec_id: str
+    title: str
+    across: str
+    """Added to the title where the group spans nodes."""
+    fix: str
+    node_note: str
+    """The fix's last line where the group spans nodes."""
+    words: str
+    overlap: tuple[float, float]
+
+
+def _overlap_fix(x: RuleInput, o: Overlap) -> list[Proposal]:
+    """``o``'s fix where its dimension's idle is :data:`MIN_SHARE` of the step or more: a modelled range of that
+    idle, its own part of the communication pool."""
+    m = dimension(x, o.dim)
+    idle = dimension_idle(x, (o.dim,))
+    if m is None or x.state.step_s <= 0 or idle / x.state.step_s < MIN_SHARE:
+        return []
+    across = _spans_nodes(m.ranks)
+    fix = o.fix + (f"\n# this group's ranks ({m.ranks[0]}..{m.ranks[-1]}) span more than one {GPUS_PER_NODE}-GPU "
+                   f"node: {o.node_note}" if across else "")
+    low, high = o.overlap
+    return [x.rec(
+        o.rec_id, Cause.COMMUNICATION, o.title + (o.across if across else ""),
+        {f"exposed_{o.dim}_ms_per_step": _ms(idle), "share_of_step": round(idle / x.state.step_s, 3),
+         f"{o.dim}_size": m.size, f"{o.dim}_group_ranks": m.ranks, "dimension_source": m.source,
+         "assumption": f"overlap hides {low:.0%}–{high:.0%} of the exposed {o.words} communication"},
+        fix, removes_between(low, high, {Cause.COMMUNICATION: idle}, part=o.dim),
+        confidence="low" if m.inferred else "medium",
+    )]
+
+
+TENSOR_PARALLEL = Overlap(
+    "tp", "tp_comm_overlap", "Tensor-parallel communication is exposed: overlap it with the layers' GEMMs",
+    " and keep it inside one node",
+    "# Megatron-Core: overlap TP communication with the GEMMs (Transformer Engine userbuffers)\n"
+    "--sequence-parallel --tp-comm-overlap\n"
+    "# PyTorch (torchtitan): async tensor parallel, the collectives split into the matmuls under compile\n"
+    "from torch.distributed._symmetric_memory import enable_symm_mem_for_group\n"
+    "torch._inductor.config._micro_pipeline_tp = True\n"
+    "enable_symm_mem_for_group(tp_mesh.get_group().group_name)\n"
+    "model = torch.compile(model)\n"
+    "# and SequenceParallel() for the norms in the parallelize_module plan: reduce-scatter/all-gather\n"
+    "# in place of the all-reduce",
+    "put tp innermost in the mesh so it stays on NVLink", "tensor-parallel", TP_OVERLAP)
+
+
 def exposed_tensor_parallel(x: RuleInput) -> list[Proposal]:
     """Tensor-parallel all-reduces and all-gathers inside every layer, with no compute beside them: overlap them
     with the layer's GEMMs, and keep the group inside one node's NVLink domain."""
-    tp = dimension(x, "tp")
-    idle = dimension_idle(x, ("tp",))
-    if tp is None or x.state.step_s <= 0 or idle / x.state.step_s < MIN_SHARE:
-        return []
-    across = _spans_nodes(tp.ranks)
-    fix = ("# Megatron-Core: overlap TP communication with the GEMMs (Transformer Engine userbuffers)\n"
-           "--sequence-parallel --tp-comm-overlap\n"
-           "# PyTorch (torchtitan): async tensor parallel, the collectives split into the matmuls under compile\n"
-           "from torch.distributed._symmetric_memory import enable_symm_mem_for_group\n"
-           "torch._inductor.config._micro_pipeline_tp = True\n"
-           "enable_symm_mem_for_group(tp_mesh.get_group().group_name)\n"
-           "model = torch.compile(model)\n"
-           "# and SequenceParallel() for the norms in the parallelize_module plan: reduce-scatter/all-gather\n"
-           "# in place of the all-reduce")
-    if across:
-        fix += (f"\n# this group's ranks ({tp.ranks[0]}..{tp.ranks[-1]}) span more than one {GPUS_PER_NODE}-GPU "
-                "node: put tp innermost in the mesh so it stays on NVLink")
-    low, high = TP_OVERLAP
-    return [x.rec(
-        "tp_comm_overlap", Cause.COMMUNICATION,
-        "Tensor-parallel communication is exposed: overlap it with the layers' GEMMs"
-        + (" and keep it inside one node" if across else ""),
-        {"exposed_tp_ms_per_step": _ms(idle), "share_of_step": round(idle / x.state.step_s, 3),
-         "tp_size": tp.size, "tp_group_ranks": tp.ranks, "dimension_source": tp.source,
-         "assumption": f"overlap hides {low:.0%}–{high:.0%} of the exposed tensor-parallel communication"},
-        fix, removes_between(low, high, {Cause.COMMUNICATION: idle}, part="tp"),
-        confidence="low" if tp.inferred else "medium",
-    )]
+    return _overlap_fix(x, TENSOR_PARALLEL)
 
 
 def schedule_bubble(stages: int, microbatches: float) -> float:
@@ -141,36 +167,24 @@ CP_OVERLAP = TP_OVERLAP
 long; short sequences per rank hide less."""
 
 
+CONTEXT_PARALLEL = Overlap(
+    "cp", "cp_comm_overlap", "Context-parallel key/value exchange is exposed: overlap it with attention",
+    " and keep the ring inside one node",
+    "# PyTorch: context-parallel SDPA; an all-to-all rotation of the KV shards overlaps with attention\n"
+    "from torch.distributed.tensor.experimental import context_parallel\n"
+    "from torch.distributed.tensor.experimental._attention import set_rotate_method\n"
+    "set_rotate_method(\"alltoall\")\n"
+    "with context_parallel(cp_mesh, buffers=[inputs, labels], buffer_seq_dims=[1, 1]):\n"
+    "    loss = model(inputs, labels)\n"
+    "# Megatron-Core: --cp-comm-type p2p overlaps the ring with attention (Transformer Engine);\n"
+    "# a2a or a2a+p2p (--hierarchical-context-parallel-sizes) across nodes",
+    "a ring across nodes waits on the network at every hop", "context-parallel", CP_OVERLAP)
+
+
 def exposed_context_parallel(x: RuleInput) -> list[Proposal]:
     """Context parallel's key/value exchange (a ring of send/recv, or all-gather/all-to-all rotations) with no
     attention compute beside it: rotate with all-to-all and overlap, and keep the ring inside a node."""
-    cp = dimension(x, "cp")
-    idle = dimension_idle(x, ("cp",))
-    if cp is None or x.state.step_s <= 0 or idle / x.state.step_s < MIN_SHARE:
-        return []
-    across = _spans_nodes(cp.ranks)
-    fix = ("# PyTorch: context-parallel SDPA; an all-to-all rotation of the KV shards overlaps with attention\n"
-           "from torch.distributed.tensor.experimental import context_parallel\n"
-           "from torch.distributed.tensor.experimental._attention import set_rotate_method\n"
-           "set_rotate_method(\"alltoall\")\n"
-           "with context_parallel(cp_mesh, buffers=[inputs, labels], buffer_seq_dims=[1, 1]):\n"
-           "    loss = model(inputs, labels)\n"
-           "# Megatron-Core: --cp-comm-type p2p overlaps the ring with attention (Transformer Engine);\n"
-           "# a2a or a2a+p2p (--hierarchical-context-parallel-sizes) across nodes")
-    if across:
-        fix += (f"\n# this group's ranks ({cp.ranks[0]}..{cp.ranks[-1]}) span more than one {GPUS_PER_NODE}-GPU "
-                "node: a ring across nodes waits on the network at every hop")
-    low, high = CP_OVERLAP
-    return [x.rec(
-        "cp_comm_overlap", Cause.COMMUNICATION,
-        "Context-parallel key/value exchange is exposed: overlap it with attention"
-        + (" and keep the ring inside one node" if across else ""),
-        {"exposed_cp_ms_per_step": _ms(idle), "share_of_step": round(idle / x.state.step_s, 3),
-         "cp_size": cp.size, "cp_group_ranks": cp.ranks, "dimension_source": cp.source,
-         "assumption": f"overlap hides {low:.0%}–{high:.0%} of the exposed context-parallel communication"},
-        fix, removes_between(low, high, {Cause.COMMUNICATION: idle}, part="cp"),
-        confidence="low" if cp.inferred else "medium",
-    )]
+    return _overlap_fix(x, CONTEXT_PARALLEL)
 
 
 MESH_RULES = [exposed_tensor_parallel, exposed_context_parallel, pipeline_bubble]
