@@ -21,7 +21,7 @@ from torch import nn
 
 from gpuidle.torch import StepTracker
 
-STRAGGLER_S = 0.010
+STRAGGLER_S = 0.030
 
 
 def main() -> None:
