@@ -118,12 +118,16 @@ def _place(facts: dict[str, _Group], dim: str, rank: int | None, fallback: _Grou
     return size, coordinate, ranks
 
 
-def collective_dimensions(tl: Timeline, kinds: list[str], groups: list[str], sizes: I64,
-                          moe: bool) -> list[tuple[str, str]]:
-    """``(dimension, source)`` for each collective (its canonical kind, group name and group size); ``moe``: the
-    trace names a mixture-of-experts model (:func:`mixture_of_experts`)."""
-    facts = {str(g.get("pg_name", "")): _Group(g) for g in tl.meta.process_groups}
-    world = tl.meta.world_size
+def groups_by_name(groups: list[dict[str, Any]]) -> dict[str, _Group]:
+    """The rank's process groups (``pg_config`` entries) by name, each read once."""
+    return {str(g.get("pg_name", "")): _Group(g) for g in groups}
+
+
+def collective_dimensions(facts: dict[str, _Group], world: int | None, kinds: list[str], groups: list[str],
+                          sizes: I64, moe: bool) -> list[tuple[str, str]]:
+    """``(dimension, source)`` for each collective (its canonical kind, group name and group size), ``facts``
+    the rank's groups (:func:`groups_by_name`); ``moe``: the trace names a mixture-of-experts model
+    (:func:`mixture_of_experts`)."""
     out = []
     for kind, name, size in zip(kinds, groups, sizes.tolist(), strict=True):
         fact = facts.get(name)
@@ -174,9 +178,12 @@ def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64,
     calls = tl.collectives
     call_kinds = [canonical_collective(c) for c in calls.collective]
     moe = "all_to_all" in {*call_kinds, *coll.collective} and mixture_of_experts(tl)  # the names read only if asked
-    call_dims = collective_dimensions(tl, call_kinds, calls.process_group, calls.group_size.astype(np.int64), moe)
-    kernel_dims = collective_dimensions(tl, coll.collective, coll.process_group, coll.group_size.astype(np.int64),
-                                        moe)
+    facts = groups_by_name(tl.meta.process_groups)
+    world = tl.meta.world_size
+    call_dims = collective_dimensions(facts, world, call_kinds, calls.process_group,
+                                      calls.group_size.astype(np.int64), moe)
+    kernel_dims = collective_dimensions(facts, world, coll.collective, coll.process_group,
+                                        coll.group_size.astype(np.int64), moe)
     one_group = (bool(kernel_dims) and not any(d in SHAPE for d, _ in kernel_dims + call_dims)
                  and {d for d, _ in kernel_dims} == {"world"})
     if not any(d in SHAPE for d, _ in kernel_dims + call_dims):
@@ -208,7 +215,7 @@ def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64,
             exposed[k] = exposed.get(k, 0.0) + v
     step = np.clip(np.searchsorted(bounds, s, side="right") - 1, 0, bounds.size - 2)
     labelled = (s, e, step, np.array(keys, dtype=object)[key_row] if key_row.size else np.zeros(0, dtype=object))
-    return _dims(tl, coll, device, kernel_dims, call_dims, exposed, call_kinds), per_step, labelled
+    return _dims(tl, facts, coll, device, kernel_dims, call_dims, exposed, call_kinds), per_step, labelled
 
 
 def _declared(facts: dict[str, _Group], rank: int | None) -> dict[str, str]:
@@ -225,7 +232,7 @@ def tracker_mesh(groups: list[dict[str, Any]], rank: int, world: int, comm_s: fl
                  collectives: int) -> list[MeshDim]:
     """The mesh a step tracker's rank shows: its groups' dimensions with its place in each; the communication it
     timed (DDP's, FSDP's or DeepSpeed's hooks, ``collectives`` buckets) is data parallel's."""
-    facts = {str(g.get("pg_name", "")): _Group(g) for g in groups}
+    facts = groups_by_name(groups)
     declared = _declared(facts, rank)
     out = []
     for dim in (d for d in SHAPE if d in declared or (d == "dp" and comm_s > 0)):
@@ -240,11 +247,11 @@ def tracker_mesh(groups: list[dict[str, Any]], rank: int, world: int, comm_s: fl
     return out
 
 
-def _dims(tl: Timeline, coll: Collectives, device: DeviceIdle, kernel_dims: list[tuple[str, str]],
-          call_dims: list[tuple[str, str]], exposed: dict[str, float], call_kinds: list[str]) -> list[MeshDim]:
+def _dims(tl: Timeline, facts: dict[str, _Group], coll: Collectives, device: DeviceIdle,
+          kernel_dims: list[tuple[str, str]], call_dims: list[tuple[str, str]], exposed: dict[str, float],
+          call_kinds: list[str]) -> list[MeshDim]:
     """One :class:`MeshDim` per dimension that a collective, a step's idle or one of this rank's process groups
     (``pg_config``, where its description names a dimension) shows; sizes and places from the groups' ranks."""
-    facts = {str(g.get("pg_name", "")): _Group(g) for g in tl.meta.process_groups}
     rank = tl.meta.rank
     declared = _declared(facts, rank)
     on_device = coll.device == device.device
