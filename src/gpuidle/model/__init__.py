@@ -58,6 +58,7 @@ from .report import (
     Workload,
     zero_causes,
 )
+from .scaleout import CommFit, ScaleOut, Span
 from .series import (
     F64,
     GPU_METRICS,
@@ -172,6 +173,7 @@ __all__ = [
     "CollectiveCalls",
     "CollectiveStat",
     "Combined",
+    "CommFit",
     "CommReport",
     "CommRole",
     "Comparison",
@@ -216,7 +218,9 @@ __all__ = [
     "Recommendation",
     "RecommendationChange",
     "RunSummary",
+    "ScaleOut",
     "Source",
+    "Span",
     "StartupCost",
     "StepCall",
     "StepReport",
