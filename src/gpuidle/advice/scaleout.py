@@ -14,8 +14,9 @@ part carried to N GPUs by what makes it grow or shrink:
   taken from ``gpuidle bench allreduce`` results; the overlap the trace shows is kept, as the hidden share (the
   optimistic end) or the hidden seconds (every added second exposed); once the ring crosses a node the
   inter-node bandwidth is taken;
-- every other cause stays as measured; the wait for a straggler is left out (the job's pace is the slowest rank's
-  own step, as in the what-if model).
+- the wait for slower ranks (``straggler_wait``), in a job with no straggler the ranks' step-to-step jitter: from
+  as measured to grown as the expected maximum of N normal samples grows over N₀'s;
+- every other cause stays as measured. The job's step is the slowest rank's at each end.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuidle.advice.whatif import Model, RankState, rank_state
+from gpuidle.advice.whatif import RankState, rank_state
 from gpuidle.errors import GpuidleError
 from gpuidle.model import AnalysisReport, Cause, CommFit, RankReport, ScaleOut, Span
 from gpuidle.model.units import duration
@@ -244,22 +245,26 @@ def _assemble(report: AnalysisReport, opt: ScaleOptions, n0: int, states: dict[i
     if hosts > 1 and any(s.idle.get(Cause.DATA_LOADING.value, 0.0) > 0 for s in states.values()):
         assumptions.append(f"data loading per GPU from unchanged (cores to spare) to × {k}/{k0}: {k} loaders share "
                            f"a host's cores instead of {k0}")
+    wait = Cause.STRAGGLER_WAIT.value
+    jitter = expected_max(n) / expected_max(n0) if n0 > 1 else 1.0
+    if jitter > 1 and any(st.idle.get(wait, 0.0) > 0 for st in states.values()):
+        assumptions.append(f"the wait for slower ranks from as measured to × {jitter:.2f}, as the expected maximum of "
+                           f"{n} ranks' step-to-step jitter grows over {n0}'s (normal samples)")
     parts_lo: dict[int, dict[str, float]] = {}
     parts_hi: dict[int, dict[str, float]] = {}
     for rank, s in states.items():
         base = {"compute": s.busy_s * share}
         for cause, sec in s.idle.items():
-            if cause == Cause.STRAGGLER_WAIT.value:
-                continue
             base[cause] = sec * share if cause in (Cause.DATA_LOADING.value, Cause.MEMCPY.value) else sec
         lo, hi = dict(base), dict(base)
         hi[Cause.DATA_LOADING.value] = base.get(Cause.DATA_LOADING.value, 0.0) * hosts
+        hi[wait] = base.get(wait, 0.0) * jitter
         c = comms.get(rank)
         if c is not None:
             lo[Cause.COMMUNICATION.value], hi[Cause.COMMUNICATION.value] = c.exposed_low, c.exposed_high
         parts_lo[rank], parts_hi[rank] = lo, hi
-    now = Model(states)
-    step0, u0 = now.step_s(), now.utilization()
+    step0 = max(st.step_s for st in states.values())
+    u0 = sum(st.busy_s for st in states.values()) / len(states) / step0 if step0 else 0.0
     pace_lo = max(parts_lo, key=lambda r: (sum(parts_lo[r].values()), -r))
     pace = max(parts_hi, key=lambda r: (sum(parts_hi[r].values()), -r))
     step_lo, step_hi = sum(parts_lo[pace_lo].values()), sum(parts_hi[pace].values())
@@ -283,6 +288,18 @@ def _assemble(report: AnalysisReport, opt: ScaleOptions, n0: int, states: dict[i
     )
     out.limit, out.answer = _answer(out, k0, k)
     return out
+
+
+def expected_max(n: int) -> float:
+    """The expected maximum of ``n`` standard normal samples (0 for one; 0.564 for two, 1.029 for four)."""
+    if n <= 1:
+        return 0.0
+    dx, total = 0.01, 0.0
+    for i in range(-800, 801):
+        x = i * dx
+        cdf = 0.5 * (1 + math.erf(x / math.sqrt(2)))
+        total += x * n * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * cdf ** (n - 1) * dx
+    return total
 
 
 def _pct(x: float) -> str:
