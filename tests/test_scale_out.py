@@ -74,8 +74,10 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, AnalysisReport]:
 
 def test_the_fit_recovers_alpha_and_bandwidth(jobs: dict[int, AnalysisReport]) -> None:
     so = with_scale_out(jobs[2], 4).scale_out
-    assert so is not None and so.comm is not None
-    assert so.comm.source == "trace" and so.comm.sizes == 2
+    assert so is not None
+    assert so.comm is not None
+    assert so.comm.source == "trace"
+    assert so.comm.sizes == 2
     assert so.comm.alpha_s == pytest.approx(ALPHA_US * 1e-6, rel=0.02)
     assert so.comm.busbw_gbps == pytest.approx(BUSBW / 1e3, rel=0.02)
 
@@ -88,7 +90,8 @@ def test_predicted_step_matches_the_hand_built_job(jobs: dict[int, AnalysisRepor
     assert so is not None
     comm = so.parts_s["communication"]
     expected = sum(allreduce_us(e, n) for e in SIZES) * 1e-6
-    assert comm.low == pytest.approx(expected, rel=0.01) and comm.high == pytest.approx(expected, rel=0.01)
+    assert comm.low == pytest.approx(expected, rel=0.01)
+    assert comm.high == pytest.approx(expected, rel=0.01)
     grown = so.step_s.low - so.step_s.now
     assert busy_until(jobs[2]) + grown == pytest.approx(busy_until(jobs[n]), rel=0.10)
     assert so.limit == "communication"
@@ -98,11 +101,13 @@ def test_predicted_step_matches_the_hand_built_job(jobs: dict[int, AnalysisRepor
 def test_data_bound_job_will_not_scale(tmp_path: Path) -> None:
     report = analyze(job(tmp_path / "data", 2, compute_us=2_000.0, data_us=6_000.0))
     so = with_scale_out(report, 8).scale_out
-    assert so is not None and so.limit == "data_loading"
+    assert so is not None
+    assert so.limit == "data_loading"
     assert so.answer.startswith("More GPUs will not raise utilization: data loading takes 6.0")
     assert "8 loaders share a host's cores instead of 2" in so.answer
     data = so.parts_s["data_loading"]
-    assert data.low == pytest.approx(data.now) and data.high == pytest.approx(data.now * 4)
+    assert data.low == pytest.approx(data.now)
+    assert data.high == pytest.approx(data.now * 4)
     assert so.utilization.high <= so.utilization.now + 1e-9
 
 
@@ -118,11 +123,13 @@ def one_gpu(folder: Path) -> Path:
 def test_one_gpu_names_what_is_missing(tmp_path: Path) -> None:
     report = analyze(one_gpu(tmp_path / "one"))
     so = with_scale_out(report, 8).scale_out
-    assert so is not None and so.comm is None
+    assert so is not None
+    assert so.comm is None
     assert so.missing[0].startswith("the gradient size: the trace has no collective")
     assert "--params N" in so.missing[0]
     so = with_scale_out(report, 8, params=1_000_000).scale_out
-    assert so is not None and so.missing[0].startswith("the link's latency and bandwidth: pass --allreduce-results")
+    assert so is not None
+    assert so.missing[0].startswith("the link's latency and bandwidth: pass --allreduce-results")
 
 
 def test_one_gpu_with_params_and_bench_results(tmp_path: Path) -> None:
@@ -136,7 +143,9 @@ def test_one_gpu_with_params_and_bench_results(tmp_path: Path) -> None:
     path.write_text(json.dumps(bench))
     report = analyze(one_gpu(tmp_path / "one"))
     so = with_scale_out(report, 4, params=25 << 18, allreduce_results=path).scale_out  # one 25 MiB fp32 bucket
-    assert so is not None and so.comm is not None and not so.missing
+    assert so is not None
+    assert so.comm is not None
+    assert not so.missing
     assert so.comm.alpha_s == pytest.approx(ALPHA_US * 1e-6, rel=0.01)
     assert so.comm.busbw_gbps == pytest.approx(BUSBW / 1e3, rel=0.01)
     fp32 = (ALPHA_US * 6 + (25 << 20) * 1.5 / BUSBW) * 1e-6
@@ -160,7 +169,8 @@ def test_bad_sizes_are_one_line(jobs: dict[int, AnalysisReport], tmp_path: Path,
     folder = job(tmp_path / "j", 2, steps=4)
     assert main(["analyze", str(folder), "--no-ledger", "--scale-to", value]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"gpuidle: error: {says}") and err.count("\n") == 1
+    assert err.startswith(f"gpuidle: error: {says}")
+    assert err.count("\n") == 1
 
 
 def test_other_dimensions_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -175,7 +185,9 @@ def test_the_cli_prints_and_serialises_it(tmp_path: Path, capsys: pytest.Capture
     assert main(["analyze", str(folder), "--no-ledger", "--scale-to", "4", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema_minor"] >= 11
-    assert doc["scale_out"]["gpus"] == 4 and doc["scale_out"]["limit"] == "communication"
+    assert doc["scale_out"]["gpus"] == 4
+    assert doc["scale_out"]["limit"] == "communication"
     assert main(["analyze", str(folder), "--no-ledger", "--scale-to", "4", "--color", "never"]) == 0
     out = capsys.readouterr().out
-    assert "At 4 GPUs" in out and "2 → 4 GPUs (dp, the per-GPU batch kept)" in out
+    assert "At 4 GPUs" in out
+    assert "2 → 4 GPUs (dp, the per-GPU batch kept)" in out

@@ -55,7 +55,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[AnalysisReport, Anal
 def test_four_ranks_predicted_from_two(runs: tuple[AnalysisReport, AnalysisReport, Path]) -> None:
     two, four, bench = runs
     so = with_scale_out(two, 4, allreduce_results=bench).scale_out
-    assert so is not None and so.comm is not None and so.comm.source == "allreduce results"
+    assert so is not None
+    assert so.comm is not None
+    assert so.comm.source == "allreduce results"
     middle = (so.step_s.low + so.step_s.high) / 2
     assert abs(middle - measured_step(four)) <= TOLERANCE * measured_step(four)
     assert so.limit == "communication"
@@ -64,5 +66,7 @@ def test_four_ranks_predicted_from_two(runs: tuple[AnalysisReport, AnalysisRepor
 def test_the_trace_alone_brackets_it(runs: tuple[AnalysisReport, AnalysisReport, Path]) -> None:
     two, four, _ = runs
     so = with_scale_out(two, 4).scale_out
-    assert so is not None and so.comm is not None and so.comm.source == "trace, one size"
+    assert so is not None
+    assert so.comm is not None
+    assert so.comm.source == "trace, one size"
     assert (1 - TOLERANCE) * so.step_s.low <= measured_step(four) <= (1 + TOLERANCE) * so.step_s.high
