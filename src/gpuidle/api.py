@@ -220,19 +220,20 @@ def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 
 
 def with_scale_out(report: AnalysisReport, gpus: int, *, dim: str = "dp", strong: bool = False,
                    gpus_per_node: int = 8, params: int | None = None, allreduce_results: Input | None = None,
-                   inter_node_gbps: float | None = None) -> notebook.AnalysisReport:
+                   inter_node_gbps: float | None = None, batch_size: int | None = None) -> notebook.AnalysisReport:
     """The report with ``scale_out``: the job's step, utilization and samples/s at ``gpus`` GPUs, each a range with
     its assumptions, and the sentence that says what stops it scaling (the model in ``advice.scaleout``).
 
     ``strong``: the global batch is kept (default: the per-GPU batch); ``allreduce_results``: a ``gpuidle bench
     allreduce --json`` file whose all-reduce gives α and the bandwidth (default: fitted on the trace's own
-    collectives); ``params``: the parameter count, for a trace with no collective to size the gradient from.
+    collectives); ``params``: the parameter count, for a trace with no collective to size the gradient from;
+    ``batch_size``: the per-GPU batch, for samples/s.
     """
     from gpuidle.advice.scaleout import ScaleOptions, scale_out
 
     link = _allreduce_link(allreduce_results) if allreduce_results is not None else None
     opt = ScaleOptions(gpus=gpus, dim=dim, strong=strong, gpus_per_node=gpus_per_node, params=params, link=link,
-                       inter_node_gbps=inter_node_gbps)
+                       inter_node_gbps=inter_node_gbps, batch_per_gpu=batch_size)
     return notebook.public(msgspec.structs.replace(report, scale_out=scale_out(report, opt)))
 
 

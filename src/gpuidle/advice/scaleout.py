@@ -53,6 +53,8 @@ class ScaleOptions:
     link: CommFit | None = None
     """α and bandwidth from ``gpuidle bench allreduce`` results; None: fitted on the trace."""
     inter_node_gbps: float | None = None
+    batch_per_gpu: int | None = None
+    """The per-GPU batch now, for samples/s (under strong scaling each GPU's share at N is N₀/N of it)."""
 
 
 def _ring(kind: str, n: int) -> tuple[int, float]:
@@ -196,6 +198,9 @@ def scale_out(report: AnalysisReport, opt: ScaleOptions) -> ScaleOut:
         raise GpuidleError("no steps in the input: nothing to scale", "profile a few training steps")
     ranks = {r.rank: r for r in report.ranks if r.rank in states}
     assumptions: list[str] = []
+    if len(states) < n0:
+        assumptions.append(f"the {len(states)} rank(s) traced of {n0} stand for the job: a rank not traced may set "
+                           f"its pace")
     missing: list[str] = []
     calls = {k: _calls(r) for k, r in ranks.items()}
     have_calls = any(calls.values()) and n0 > 1
@@ -278,11 +283,15 @@ def _assemble(report: AnalysisReport, opt: ScaleOptions, n0: int, states: dict[i
                        low=parts_lo[pace][key], high=parts_hi[pace][key])
              for key in parts_hi[pace] if parts_hi[pace][key] > 0 or parts_lo[pace][key] > 0}
     c = comms.get(pace)
+    samples = None
+    if opt.batch_per_gpu is not None and step0 > 0:
+        now_sps = n0 * opt.batch_per_gpu / step0
+        samples = Span(now=now_sps, low=now_sps * tput.low, high=now_sps * tput.high)
     out = ScaleOut(
         gpus_now=n0, gpus=n, dim=opt.dim, scaling="strong" if opt.strong else "weak",
         gpus_per_node=opt.gpus_per_node, rank=pace,
         step_s=Span(now=step0, low=step_lo, high=step_hi), utilization=Span(now=u0, low=u_lo, high=u_hi),
-        throughput_x=tput, parts_s=parts, comm=comm_fit,
+        throughput_x=tput, samples_per_s=samples, parts_s=parts, comm=comm_fit,
         comm_per_step_s=Span(now=c.now, low=c.low, high=c.high) if c is not None else None,
         limit="none", answer="", assumptions=assumptions, missing=missing,
     )

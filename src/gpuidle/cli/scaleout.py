@@ -38,4 +38,5 @@ def with_scale_out(args: argparse.Namespace, report: AnalysisReport) -> Analysis
 
     return api.with_scale_out(report, args.scale_to, dim=args.scale_dim, strong=args.strong_scaling,
                               gpus_per_node=args.gpus_per_node, params=args.params,
-                              allreduce_results=args.allreduce_results, inter_node_gbps=args.inter_node_gbps)
+                              allreduce_results=args.allreduce_results, inter_node_gbps=args.inter_node_gbps,
+                              batch_size=args.batch_size)

@@ -43,6 +43,8 @@ class ScaleOut(msgspec.Struct, kw_only=True):
     throughput_x: Span
     """Samples/s at N as a multiple of samples/s now (N/N₀ × step now / step at N; strong scaling: step now / step
     at N): its ``low`` is the pessimistic end (the longest step)."""
+    samples_per_s: Span | None = None
+    """Samples/s of the whole job, where the per-GPU batch is known (``--batch-size``)."""
     parts_s: dict[str, Span] = {}
     """The pace-setting rank's step at N by part: ``compute`` (busy), each idle cause, ``communication``."""
     comm: CommFit | None = None

@@ -18,7 +18,9 @@ def scale_out_lines(so: ScaleOut) -> list[str]:
     """The heading's figures, the answer, the fitted link and each assumption, one line each."""
     scaling = "the global batch kept" if so.scaling == "strong" else "the per-GPU batch kept"
     out = [f"{so.gpus_now} → {so.gpus} GPUs ({so.dim}, {scaling}): step {_span(so.step_s)} · utilization "
-           f"{_span(so.utilization, 'pct')} · samples/s ×{so.throughput_x.low:.2f}–{so.throughput_x.high:.2f}",
+           f"{_span(so.utilization, 'pct')} · samples/s ×{so.throughput_x.low:.2f}–{so.throughput_x.high:.2f}"
+           + (f" ({so.samples_per_s.now:,.0f} → {so.samples_per_s.low:,.0f}–{so.samples_per_s.high:,.0f})"
+              if so.samples_per_s is not None else ""),
            so.answer]
     if so.comm is not None:
         bw = "no bandwidth term" if so.comm.busbw_gbps is None else f"bus bandwidth {so.comm.busbw_gbps:.3g} GB/s"
