@@ -191,3 +191,18 @@ def test_the_cli_prints_and_serialises_it(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "At 4 GPUs" in out
     assert "2 → 4 GPUs (dp, the per-GPU batch kept)" in out
+
+
+def test_strong_scaling_shrinks_compute_and_keeps_the_global_batch(jobs: dict[int, AnalysisReport]) -> None:
+    weak = with_scale_out(jobs[2], 4).scale_out
+    strong = with_scale_out(jobs[2], 4, strong=True, batch_size=64).scale_out
+    assert weak is not None
+    assert strong is not None
+    assert strong.scaling == "strong"
+    compute = strong.parts_s["compute"]
+    assert compute.low == pytest.approx(compute.now / 2)
+    assert strong.parts_s["communication"].low == pytest.approx(weak.parts_s["communication"].low)
+    # the same samples per step on twice the GPUs: samples/s is the step's speed-up alone
+    assert strong.throughput_x.high == pytest.approx(strong.step_s.now / strong.step_s.low)
+    assert strong.samples_per_s is not None
+    assert strong.samples_per_s.now == pytest.approx(2 * 64 / strong.step_s.now)
