@@ -233,10 +233,10 @@ def scale_out(report: AnalysisReport, opt: ScaleOptions) -> ScaleOut:
             comms = {k: _grad_comm(s, opt, opt.link) for k, s in states.items()}
         if missing:
             assumptions.append("communication left as measured: " + "; ".join(missing))
-    return _assemble(report, opt, n0, states, comms, comm_fit, assumptions, missing)
+    return _assemble(opt, n0, states, comms, comm_fit, assumptions, missing)
 
 
-def _assemble(report: AnalysisReport, opt: ScaleOptions, n0: int, states: dict[int, RankState],
+def _assemble(opt: ScaleOptions, n0: int, states: dict[int, RankState],
               comms: dict[int, _Comm], comm_fit: CommFit | None, assumptions: list[str],
               missing: list[str]) -> ScaleOut:
     n = opt.gpus
