@@ -201,10 +201,12 @@ def test_run_reports_the_throttling_the_quota_caused(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(cli_live, "GPU_BACKEND", no_gpu)
     monkeypatch.setattr(cli_live, "HOST_BACKEND", lambda pid: PsutilHost(pid, CpuThrottleProbe(sys_root, proc_root)))
-    code = ("import pathlib, time; time.sleep(1.5); "
-            f"pathlib.Path({str(stat)!r}).write_text('nr_periods 40\\nnr_throttled 10\\nthrottled_usec 900000\\n'); "
-            "time.sleep(1.5)")
     log, summary = tmp_path / "run.jsonl", tmp_path / "summary.txt"
+    # the command moves its cgroup's counters once a sample is logged, and exits once a sample saw them moved
+    code = (f"import pathlib, time\nlog, stat = pathlib.Path({str(log)!r}), pathlib.Path({str(stat)!r})\n"
+            "while log.read_text().count('cg_periods') < 1: time.sleep(0.1)\n"
+            "stat.write_text('nr_periods 40\\nnr_throttled 10\\nthrottled_usec 900000\\n')\n"
+            "while '\"cg_throttled\":10' not in log.read_text(): time.sleep(0.1)\n")
     assert main(["run", "--quiet", "--interval", "0.5", "--no-dcgm", "--no-ledger", "--out", str(log),
                  "--summary", str(summary), "--", sys.executable, "-c", code]) == 0
     text = summary.read_text()
