@@ -206,3 +206,10 @@ def test_strong_scaling_shrinks_compute_and_keeps_the_global_batch(jobs: dict[in
     assert strong.throughput_x.high == pytest.approx(strong.step_s.now / strong.step_s.low)
     assert strong.samples_per_s is not None
     assert strong.samples_per_s.now == pytest.approx(2 * 64 / strong.step_s.now)
+
+
+def test_a_folder_of_jobs_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job(tmp_path / "jobs" / "a", 2, steps=4)
+    job(tmp_path / "jobs" / "b", 2, steps=4)
+    assert main(["analyze", str(tmp_path / "jobs"), "--no-ledger", "--scale-to", "4"]) == 2
+    assert capsys.readouterr().err.startswith("gpuidle: error: --scale-to is for one job")

@@ -122,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if jobs.fleet:
         from gpuidle.cli.fleet import report_fleet
 
+        if args.scale_to is not None:
+            raise GpuidleError("--scale-to is for one job; this is a folder of jobs", "give one job's folder")
         return report_fleet(args, jobs, fmt)
     if args.out_dir:
         raise GpuidleError("--out-dir is for a folder of jobs; this is one job", "give --out FILE instead")
