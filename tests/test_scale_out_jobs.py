@@ -1,5 +1,5 @@
-"""The scale-out prediction against real data-parallel jobs: 2-rank and 4-rank gloo DDP jobs on the CPU (compute as
-sleeps, an 8 MiB gradient all-reduced every step), the 4-rank step predicted from the 2-rank job.
+"""The scale-out prediction against real data-parallel jobs: 2-rank and 4-rank gloo DDP jobs on the CPU (120 ms of
+compute as sleeps, an 8 MiB gradient all-reduced every step), the 4-rank step predicted from the 2-rank job.
 
 The all-reduce's latency and bandwidth come from ``gpuidle bench allreduce`` on 2 ranks (the job's collectives
 are one message size, which cannot tell latency from bandwidth); the prediction's middle must be within 10 % of
@@ -30,7 +30,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 def _job(out: Path, ranks: int) -> AnalysisReport:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "gpuidle.live.workload", "--out", str(out), "--steps", "30", "--every", "10", "--log-every", "100",
-           "--device-ms", "40", "--comm-mb", "8"]
+           "--device-ms", "120", "--comm-mb", "8"]
     proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return analyze(out)

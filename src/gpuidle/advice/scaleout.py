@@ -15,7 +15,8 @@ part carried to N GPUs by what makes it grow or shrink:
   optimistic end) or the hidden seconds (every added second exposed); once the ring crosses a node the
   inter-node bandwidth is taken;
 - the wait for slower ranks (``straggler_wait``), in a job with no straggler the ranks' step-to-step jitter: from
-  as measured to grown as the expected maximum of N normal samples grows over N₀'s;
+  grown as the expected maximum of N normal samples grows over N₀'s (independent delays, the slowest sets the pace)
+  to grown with the ring's hops, (N−1)/(N₀−1) (each rank's delay passed on hop by hop, adding up);
 - every other cause stays as measured. The job's step is the slowest rank's at each end.
 """
 
@@ -252,9 +253,11 @@ def _assemble(opt: ScaleOptions, n0: int, states: dict[int, RankState],
                            f"a host's cores instead of {k0}")
     wait = Cause.STRAGGLER_WAIT.value
     jitter = expected_max(n) / expected_max(n0) if n0 > 1 else 1.0
-    if jitter > 1 and any(st.idle.get(wait, 0.0) > 0 for st in states.values()):
-        assumptions.append(f"the wait for slower ranks from as measured to × {jitter:.2f}, as the expected maximum of "
-                           f"{n} ranks' step-to-step jitter grows over {n0}'s (normal samples)")
+    hops = (n - 1) / (n0 - 1) if n0 > 1 else 1.0
+    if hops > 1 and any(st.idle.get(wait, 0.0) > 0 for st in states.values()):
+        assumptions.append(f"the wait for slower ranks × {jitter:.2f} to × {hops:.2f}: the expected maximum of {n} "
+                           f"ranks' step-to-step jitter against {n0}'s (normal samples), to the ring's {n - 1} hops "
+                           f"against {n0 - 1} passing each delay on")
     parts_lo: dict[int, dict[str, float]] = {}
     parts_hi: dict[int, dict[str, float]] = {}
     for rank, s in states.items():
@@ -263,7 +266,7 @@ def _assemble(opt: ScaleOptions, n0: int, states: dict[int, RankState],
             base[cause] = sec * share if cause in (Cause.DATA_LOADING.value, Cause.MEMCPY.value) else sec
         lo, hi = dict(base), dict(base)
         hi[Cause.DATA_LOADING.value] = base.get(Cause.DATA_LOADING.value, 0.0) * hosts
-        hi[wait] = base.get(wait, 0.0) * jitter
+        lo[wait], hi[wait] = base.get(wait, 0.0) * jitter, base.get(wait, 0.0) * hops
         c = comms.get(rank)
         if c is not None:
             lo[Cause.COMMUNICATION.value], hi[Cause.COMMUNICATION.value] = c.exposed_low, c.exposed_high
