@@ -127,7 +127,7 @@ def samples(cpu: list[tuple[int, int, float]], util: float, cpu_busy: float, quo
     return out
 
 
-HEADER = MonitorHeader(format="gpuidle.monitor/1", t0=1000.0, interval_s=1.0, cores=4)
+HEADER = MonitorHeader(format="gpuidle.monitor/1", t0=1000.0, interval_s=1.0, cores=4, cpu_limits=True)
 
 
 def test_throttled_share_of_the_run_in_the_summary() -> None:
@@ -181,6 +181,8 @@ def test_no_throttling_no_finding_and_unreadable_said() -> None:
     assert c.summary == ("CPU quota and throttling not readable here · core frequency not readable here · "
                          "steal time not readable here")
     assert len(c.not_readable) == 3
+    older = MonitorHeader(format="gpuidle.monitor/1", t0=1000.0, interval_s=1.0, cores=4)
+    assert analyze(util_series_from_records(older, bare)).host.cpu_limits is None  # type: ignore[union-attr]
 
 
 def test_slow_clocks_are_a_finding() -> None:

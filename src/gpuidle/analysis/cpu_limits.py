@@ -28,13 +28,11 @@ def _finite(col: F64) -> F64:
     return col[np.isfinite(col)]
 
 
-def cpu_limits(host: HostSeries) -> CpuLimits | None:
-    """The run's CPU limits; None for a log that recorded none of them (one written before they were)."""
+def cpu_limits(host: HostSeries) -> CpuLimits:
+    """The run's CPU limits, from a log whose host samples carry them."""
     version = _finite(host.col("cgroup_version"))
     freq = _finite(host.col("cpu_freq_pct"))
     steal = _finite(host.col("cpu_steal_pct"))
-    if "cgroup_version" not in host.values:
-        return None
     out = CpuLimits()
     if version.size:
         out.cgroup_version = int(version[-1])

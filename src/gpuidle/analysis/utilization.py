@@ -262,7 +262,7 @@ def analyze(series: UtilSeries, opt: UtilOptions = DEFAULT_OPTIONS) -> UtilAnaly
     win = find_window(devices, host, interval, opt.idle_pct)
     devs = [device_util(d, win, opt) for d in devices if len(d)]
     hu = host_util(devices, host, win, opt) if host is not None else None
-    if hu is not None and host is not None:
+    if hu is not None and host is not None and series.cpu_limits:
         hu.cpu_limits = cpu_limits(host)
     if devs:
         if any(d.sm_active_mean is not None for d in devs):

@@ -103,6 +103,8 @@ class MonitorHeader(msgspec.Struct, tag="header", kw_only=True, omit_defaults=Tr
     gpu_unavailable: str | None = None
     """Why there are no GPU samples (no NVML, no driver), or None."""
     notes: list[str] = msgspec.field(default_factory=list)
+    cpu_limits: bool = False
+    """The host samples carry the CPU limits (:class:`CpuLimits`): a field absent from them was not readable."""
 
 
 class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -228,6 +230,8 @@ class UtilSeries(msgspec.Struct):
     """The GPUs the wrapped command used, when the log says."""
     gpu_unavailable: str | None = None
     notes: list[str] = msgspec.field(default_factory=list)
+    cpu_limits: bool = False
+    """The host samples carry the CPU limits; False for logs that did not read them."""
 
     def device(self, index: int) -> DeviceSeries | None:
         return next((d for d in self.devices if d.device == index), None)
@@ -268,6 +272,7 @@ def util_series_from_records(
         devices=devices, host=host, format=header.format, paths=[path] if path else [], t0=header.t0,
         interval_s=header.interval_s, command=header.command, exit_code=end.exit_code if end else None,
         used_devices=end.devices if end else None, gpu_unavailable=header.gpu_unavailable, notes=notes,
+        cpu_limits=header.cpu_limits,
     )
 
 
@@ -380,7 +385,7 @@ class HostUtil(msgspec.Struct, kw_only=True):
     mem_total_mib: float | None = None
     disk_read_mean_mib_s: float | None = None
     cpu_limits: CpuLimits | None = None
-    """None: a log from before the limits were recorded (schema minor 1)."""
+    """None: a log that did not record them (another tool's, or gpuidle's before utilization schema minor 1)."""
 
 
 class UtilFinding(msgspec.Struct, kw_only=True):
