@@ -31,8 +31,10 @@ def allreduce_us(nelems: int, n: int) -> float:
     return ALPHA_US * 2 * (n - 1) + nelems * 4 * 2 * (n - 1) / n / BUSBW
 
 
-def job(folder: Path, n: int, compute_us: float = 3_000.0, data_us: float = 0.0, steps: int = 6) -> Path:
-    """``n`` identical ranks: data wait, compute, then both all-reduces exposed, back to back."""
+def job(folder: Path, n: int, compute_us: float = 3_000.0, data_us: float = 0.0, steps: int = 6,
+        sized: bool = True) -> Path:
+    """``n`` identical ranks: data wait, compute, then both all-reduces exposed, back to back (``sized``: with their
+    ``record_param_comms`` calls and message sizes)."""
     folder.mkdir(parents=True)
     for rank in range(n):
         t = Trace(rank=rank, world=n)
@@ -45,9 +47,10 @@ def job(folder: Path, n: int, compute_us: float = 3_000.0, data_us: float = 0.0,
             t.launch(at=at, call_dur=5, start=at + 10, dur=compute_us)
             start = at + 10 + compute_us
             for i, nelems in enumerate(SIZES):
-                t.op("record_param_comms", at + 20 + 20 * i, 10, **{
-                    "Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": nelems,
-                    "Out msg nelems": nelems, "dtype": "Float", "Group size": n})
+                if sized:
+                    t.op("record_param_comms", at + 20 + 20 * i, 10, **{
+                        "Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": nelems,
+                        "Out msg nelems": nelems, "dtype": "Float", "Group size": n})
                 dur = allreduce_us(nelems, n)
                 t.launch(at=at + 25 + 20 * i, call_dur=3, start=start, dur=dur, stream=20, name=ALLREDUCE)
                 start += dur
@@ -130,6 +133,16 @@ def test_one_gpu_names_what_is_missing(tmp_path: Path) -> None:
     so = with_scale_out(report, 8, params=1_000_000).scale_out
     assert so is not None
     assert so.missing[0].startswith("the link's latency and bandwidth: pass --allreduce-results")
+
+
+def test_collectives_without_sizes_name_what_is_missing(tmp_path: Path) -> None:
+    report = analyze(job(tmp_path / "unsized", 2, sized=False))
+    so = with_scale_out(report, 4).scale_out
+    assert so is not None
+    assert so.comm is None
+    assert so.missing == ["the gradient size: its collectives carry no message size (PyTorch records one in "
+                          "record_param_comms' In msg nelems); pass --params N (the model's parameter count)"]
+    assert so.parts_s["communication"].high == pytest.approx(so.parts_s["communication"].now)
 
 
 def test_one_gpu_with_params_and_bench_results(tmp_path: Path) -> None:

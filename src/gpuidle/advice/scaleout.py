@@ -222,8 +222,10 @@ def scale_out(report: AnalysisReport, opt: ScaleOptions) -> ScaleOut:
         comms = {k: _comm(ranks[k], states[k], calls[k], fits, n0, opt, (lo_x, hi_x)) for k in states if calls[k]}
     else:
         if opt.params is None:
-            missing.append("the gradient size: the trace has no collective with its message size; pass --params N "
-                           "(the model's parameter count) or profile the job on 2 or more GPUs")
+            why = ("its collectives carry no message size (PyTorch records one in record_param_comms' In msg nelems)"
+                   if n0 > 1 else "the trace has no collective")
+            missing.append(f"the gradient size: {why}; pass --params N (the model's parameter count)"
+                           + ("" if n0 > 1 else " or profile the job on 2 or more GPUs"))
         elif opt.link is None:
             missing.append("the link's latency and bandwidth: pass --allreduce-results "
                            "(gpuidle bench allreduce --json on the target machines)")
