@@ -214,6 +214,9 @@ def scale_out(report: AnalysisReport, opt: ScaleOptions) -> ScaleOut:
                            sizes=fits[0].sizes, inter_node_gbps=hi_x)
         if said:
             assumptions.append(said)
+        if opt.link is None and any(st.idle.get(Cause.STRAGGLER_WAIT.value, 0.0) > 0 for st in states.values()):
+            assumptions.append("the collectives' times include waits for late ranks, which the fit reads as latency "
+                               "or bandwidth (--allreduce-results takes both from a benchmark instead)")
         if fits[0] is not fits[1]:
             assumptions.append("the trace holds one message size: α and the bandwidth from all bandwidth (α = 0) to "
                                "half of each call's time latency (--allreduce-results fits them on measured sizes)")
