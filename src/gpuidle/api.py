@@ -32,6 +32,7 @@ from gpuidle.jobs.plan import plan_inputs
 from gpuidle.jobs.rank import RankOutcome
 from gpuidle.model import (
     AnalysisReport,
+    CommFit,
     Comparison,
     DeviceTimeline,
     FleetJob,
@@ -62,6 +63,7 @@ __all__ = [
     "analyze_jobs", "analyze_series", "analyze_tracker", "annotate_trace", "as_inputs", "compare_runs",
     "describe_inputs", "find_trace_files", "fleet_report", "idle_timeline", "input_size", "load_run", "plan_inputs",
     "read_timelines", "record_analysis", "summarize_log", "timeline_for", "utilization_facts", "with_cost",
+    "with_scale_out",
 ]
 
 # Commands import this module whole; what only some of them use (the ledger, counter logs,
@@ -214,6 +216,42 @@ def with_cost(report: AnalysisReport, price_per_gpu_hour: float, hours: float = 
 
     return notebook.public(msgspec.structs.replace(report, cost=calc.cost_from_report(report, price_per_gpu_hour,
                                                                                      hours)))
+
+
+def with_scale_out(report: AnalysisReport, gpus: int, *, dim: str = "dp", strong: bool = False,
+                   gpus_per_node: int = 8, params: int | None = None, allreduce_results: Input | None = None,
+                   inter_node_gbps: float | None = None, batch_size: int | None = None) -> notebook.AnalysisReport:
+    """The report with ``scale_out``: the job's step, utilization and samples/s at ``gpus`` GPUs, each a range with
+    its assumptions, and the sentence that says what stops it scaling (the model in ``advice.scaleout``).
+
+    ``strong``: the global batch is kept (default: the per-GPU batch); ``allreduce_results``: a ``gpuidle bench
+    allreduce --json`` file whose all-reduce gives α and the bandwidth (default: fitted on the trace's own
+    collectives); ``params``: the parameter count, for a trace with no collective to size the gradient from;
+    ``batch_size``: the per-GPU batch, for samples/s.
+    """
+    from gpuidle.advice.scaleout import ScaleOptions, scale_out
+
+    link = _allreduce_link(allreduce_results) if allreduce_results is not None else None
+    opt = ScaleOptions(gpus=gpus, dim=dim, strong=strong, gpus_per_node=gpus_per_node, params=params, link=link,
+                       inter_node_gbps=inter_node_gbps, batch_per_gpu=batch_size)
+    return notebook.public(msgspec.structs.replace(report, scale_out=scale_out(report, opt)))
+
+
+def _allreduce_link(path: Input) -> CommFit:
+    from gpuidle.probes.allreduce import AllReduceResult
+    from gpuidle.probes.training import ring_fit
+
+    data = inputs.read_bytes(str(path))
+    try:
+        result = msgspec.json.decode(data, type=AllReduceResult)
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        raise GpuidleError(f"{path} is not gpuidle bench allreduce --json output: {err}",
+                           "gpuidle bench allreduce --json > allreduce.json") from None
+    got = ring_fit(result)
+    if got is None:
+        raise GpuidleError(f"{path}: the all-reduce's time does not grow with its size, or ran on one rank: "
+                           "no bandwidth to take", "measure larger sizes on 2 or more ranks (--max-bytes)")
+    return CommFit(alpha_s=got[0], busbw_gbps=got[1], source="allreduce results", sizes=len(result.rows))
 
 
 # ----------------------------------------------------------------------------------

@@ -210,6 +210,27 @@ def throttling(x: UtilRuleInput) -> list[Recommendation]:
     )]
 
 
+def cpu_limits(x: UtilRuleInput) -> list[Recommendation]:
+    """The CPU the job runs on is held back; where the GPUs also wait for data, that data loading is what it slows."""
+    out = []
+    for f in x.find("cpu_throttled"):
+        data = f.cause == Cause.DATA_LOADING.value
+        quota = f.evidence.get("quota_cpus")
+        out.append(x.rec(
+            f, id="cpu_throttled", cause=Cause.DATA_LOADING.value if data else COMPUTE,
+            title=("The GPUs wait for data loading on a CPU that is held back: give the job more CPU"
+                   if data else "The job's CPU is held back: the host's launches and data loading run slower"),
+            fix=(f"# the cgroup allows {quota:g} CPUs: raise the limit (Kubernetes: resources.limits.cpu;\n"
+                 f"# Slurm: --cpus-per-task; Docker: --cpus), or run fewer loader workers than it allows\n"
+                 if isinstance(quota, float) else "")
+                + "cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu.stat   # cgroup v2 (v1: cpu/cpu.cfs_quota_us)\n"
+                  "# slow clocks: the performance governor (cpupower frequency-set -g performance);\n"
+                  "# steal time: a VM sharing its cores, ask for dedicated vCPUs",
+            confidence="medium" if data else "low",
+        ))
+    return out
+
+
 def fill_the_sms(x: UtilRuleInput) -> list[Recommendation]:
     return [Recommendation(
         id="fill_the_sms", cause=Cause.LAUNCH_OVERHEAD.value,
@@ -238,7 +259,7 @@ def explain_low_utilization(x: UtilRuleInput) -> list[Recommendation]:
 
 
 RULES: list[UtilRule] = [input_pipeline, comm_or_io, periodic_stall, imbalance, larger_batch, throttling,
-                         fill_the_sms, explain_low_utilization]
+                         cpu_limits, fill_the_sms, explain_low_utilization]
 
 
 def recommend(analysis: UtilAnalysis, steps_per_s: float | None = None,

@@ -29,7 +29,8 @@ def quality_notes(tl: Timeline, names: NameClasses, window: StepWindow, kernels:
         overhead = "profiler overhead (record_shapes/with_stack)" if tl.meta.format == "kineto" else "profiler overhead"
         notes.append(
             f"median kernel launch call takes {kernels.median_launch_us:.1f} µs on the host (normal: 2-10 µs): "
-            f"{overhead} or CPU contention inflates host time"
+            f"{overhead}, CPU contention or a throttled CPU inflates host time (gpuidle run -- CMD reports the "
+            "cgroup's CPU quota and throttling, the cores' clocks and steal time)"
         )
     host = tl.host
     if not (host.kind == HostKind.RUNTIME).any():

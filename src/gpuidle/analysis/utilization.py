@@ -25,6 +25,7 @@ from gpuidle.analysis.counters import (
     idle_equivalent,
     median_interval,
 )
+from gpuidle.analysis.cpu_limits import cpu_findings, cpu_limits
 from gpuidle.model import (
     SLOWDOWN_REASONS,
     THROTTLE_REASONS,
@@ -261,6 +262,8 @@ def analyze(series: UtilSeries, opt: UtilOptions = DEFAULT_OPTIONS) -> UtilAnaly
     win = find_window(devices, host, interval, opt.idle_pct)
     devs = [device_util(d, win, opt) for d in devices if len(d)]
     hu = host_util(devices, host, win, opt) if host is not None else None
+    if hu is not None and host is not None and series.cpu_limits:
+        hu.cpu_limits = cpu_limits(host)
     if devs:
         if any(d.sm_active_mean is not None for d in devs):
             notes.append(UTIL_GPU_NOTE + "; SM_ACTIVE (DCGM) measures the SM array itself")
@@ -271,5 +274,6 @@ def analyze(series: UtilSeries, opt: UtilOptions = DEFAULT_OPTIONS) -> UtilAnaly
     if host is None and devs:
         notes.append("no host CPU samples in this log: record with gpuidle run to tell input-bound from "
                      "communication-bound")
-    return UtilAnalysis(window=win, devices=devs, host=hu,
-                        findings=_findings(devs, devices, host, hu, win, opt), notes=notes)
+    findings = _findings(devs, devices, host, hu, win, opt)
+    findings += cpu_findings(hu.cpu_limits if hu is not None else None, findings)
+    return UtilAnalysis(window=win, devices=devs, host=hu, findings=findings, notes=notes)

@@ -21,6 +21,8 @@ from gpuidle.cli.common import (
     render_options,
     warn,
 )
+from gpuidle.cli.scaleout import add_options as add_scale_out_options
+from gpuidle.cli.scaleout import with_scale_out
 from gpuidle.errors import GpuidleError
 from gpuidle.report.registry import REPORT_FORMATS, format_for
 
@@ -72,6 +74,7 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
                     help="add the cost of the idle time (GPU-hours and money) to the report")
     an.add_argument("--hours", type=positive_float, default=1.0,
                     help="training hours the cost is computed for (default 1: cost per hour)")
+    add_scale_out_options(an)
     add_ledger_option(an)
     an.set_defaults(func=run)
 
@@ -119,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if jobs.fleet:
         from gpuidle.cli.fleet import report_fleet
 
+        if args.scale_to is not None:
+            raise GpuidleError("--scale-to is for one job; this is a folder of jobs", "give one job's folder")
         return report_fleet(args, jobs, fmt)
     if args.out_dir:
         raise GpuidleError("--out-dir is for a folder of jobs; this is one job", "give --out FILE instead")
@@ -136,6 +141,7 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
     refuse_overwriting_inputs(api.analysis_inputs(report), outputs)  # the traces found in a folder
     if args.price_per_gpu_hour is not None:
         report = api.with_cost(report, args.price_per_gpu_hour, args.hours)
+    report = with_scale_out(args, report)
     options = render_options(args, args.out is None and sys.stdout.isatty(), top=args.top)
     pages = [args.html] if args.html else []
     if fmt == "html":

@@ -1,4 +1,5 @@
-"""The host probe: per-core CPU busy, host memory, disk reads and the wrapped command's process tree (psutil)."""
+"""The host probe: per-core CPU busy, host memory, disk reads and the wrapped command's process tree (psutil);
+the CPU the host lends (cgroup quota and throttling, frequency, steal) from :mod:`gpuidle.live.cpu_throttle`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuidle.errors import GpuidleError
+from gpuidle.live.cpu_throttle import CpuThrottleProbe
 from gpuidle.model import HostSample
 
 MIB = 1 << 20
@@ -60,8 +62,9 @@ class PsutilHost:
     TREE_REFRESH_S = 2.0
     """Finding a tree's members scans every process: do it at most this often."""
 
-    def __init__(self, root_pid: int | None = None) -> None:
+    def __init__(self, root_pid: int | None = None, cpu_limits: CpuThrottleProbe | None = None) -> None:
         self._ps = _psutil()
+        self._limits = cpu_limits or CpuThrottleProbe()
         self.root_pid = root_pid
         self._cpu_before = self._ps.cpu_times(percpu=True)
         self._disk: tuple[float, float] | None = None
@@ -80,6 +83,7 @@ class PsutilHost:
         s.mem_total_mib = vm.total / MIB
         s.mem_used_mib = (vm.total - vm.available) / MIB
         s.disk_read_mib_s = self._disk_rate(t)
+        self._limits.fill(s, self.root_pid)
         if self.root_pid is not None:
             self._tree_sample(t, s)
         return s

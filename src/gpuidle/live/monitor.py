@@ -23,6 +23,7 @@ import msgspec
 
 from gpuidle.errors import GpuidleError
 from gpuidle.live.dcgm import DcgmReader
+from gpuidle.live.host import PsutilHost
 from gpuidle.model import (
     MONITOR_FORMAT,
     GpuInfo,
@@ -155,6 +156,7 @@ class Monitor:
             format=MONITOR_FORMAT, t0=self.clock.time(), interval_s=self.interval_s, gpus=gpus,
             cores=self.host.cores() if self.host is not None else None, command=self.command,
             gpu_unavailable=gpu_unavailable if not gpus else None, notes=notes,
+            cpu_limits=isinstance(self.host, PsutilHost),
         )
         return self.header
 

@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from .jsonio import JsonStruct
 from .mesh import MeshDim
+from .scaleout import ScaleOut
 from .timeline import CAUSES, I64, SCHEMA, SCHEMA_MINOR, WINDOW_LESS_STARTUP
 from .units import duration
 
@@ -458,6 +459,8 @@ class AnalysisReport(JsonStruct, kw_only=True):
     combined: Combined | None = None
     include_warmup: bool = False
     """True: steps marked ``excluded`` still count in per-step figures and gains (``--include-warmup``)."""
+    scale_out: ScaleOut | None = None
+    """The job at more GPUs (``--scale-to N``); absent otherwise."""
 
     def utilization(self) -> float:
         """The run's utilization, one definition for every command: the mean over the traced ranks of each rank's

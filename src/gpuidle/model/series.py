@@ -23,7 +23,8 @@ F64 = npt.NDArray[np.float64]
 MONITOR_FORMAT = "gpuidle.monitor/1"
 """The first line of a monitor log: ``{"type": "header", "format": "gpuidle.monitor/1", ...}``."""
 UTIL_SCHEMA = "gpuidle.utilization/1"
-UTIL_SCHEMA_MINOR = 0
+UTIL_SCHEMA_MINOR = 1
+"""1 adds ``host.cpu_limits`` and the ``cpu_throttled`` finding."""
 
 GPU_METRICS: dict[str, str] = {
     "util_pct": "utilization.gpu: % of the sample period in which at least one kernel ran",
@@ -54,6 +55,13 @@ HOST_METRICS: dict[str, str] = {
     "proc_cpu_pct": "CPU of the wrapped command's process tree, % of one core (400 = four cores busy)",
     "proc_rss_mib": "resident memory of the wrapped command's process tree, MiB",
     "procs": "processes in the wrapped command's tree",
+    "cgroup_version": "the cgroup version whose CPU controller was read (1 or 2); absent: not readable here",
+    "cpu_quota": "CPUs the cgroup's quota allows (quota / period); absent with a cgroup read: no quota",
+    "cg_periods": "the cgroup's enforcement periods so far (cpu.stat nr_periods, cumulative)",
+    "cg_throttled": "periods in which the cgroup was throttled (cpu.stat nr_throttled, cumulative)",
+    "cg_throttled_s": "time the cgroup's processes were held back by the quota, s (cumulative)",
+    "cpu_freq_pct": "the cores' mean frequency, % of their maximum",
+    "cpu_steal_pct": "CPU time the hypervisor gave to others (steal), % of all CPU time since the last full sample",
 }
 """Host columns besides ``cpu_pct`` (one column per core, % busy)."""
 
@@ -95,6 +103,8 @@ class MonitorHeader(msgspec.Struct, tag="header", kw_only=True, omit_defaults=Tr
     gpu_unavailable: str | None = None
     """Why there are no GPU samples (no NVML, no driver), or None."""
     notes: list[str] = msgspec.field(default_factory=list)
+    cpu_limits: bool = False
+    """The host samples carry the CPU limits (:class:`CpuLimits`): a field absent from them was not readable."""
 
 
 class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -134,6 +144,13 @@ class HostSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     proc_cpu_pct: float | None = None
     proc_rss_mib: float | None = None
     procs: int | None = None
+    cgroup_version: int | None = None
+    cpu_quota: float | None = None
+    cg_periods: int | None = None
+    cg_throttled: int | None = None
+    cg_throttled_s: float | None = None
+    cpu_freq_pct: float | None = None
+    cpu_steal_pct: float | None = None
 
 
 class MonitorSample(msgspec.Struct, tag="sample", kw_only=True, omit_defaults=True):
@@ -213,6 +230,8 @@ class UtilSeries(msgspec.Struct):
     """The GPUs the wrapped command used, when the log says."""
     gpu_unavailable: str | None = None
     notes: list[str] = msgspec.field(default_factory=list)
+    cpu_limits: bool = False
+    """The host samples carry the CPU limits; False for logs that did not read them."""
 
     def device(self, index: int) -> DeviceSeries | None:
         return next((d for d in self.devices if d.device == index), None)
@@ -253,6 +272,7 @@ def util_series_from_records(
         devices=devices, host=host, format=header.format, paths=[path] if path else [], t0=header.t0,
         interval_s=header.interval_s, command=header.command, exit_code=end.exit_code if end else None,
         used_devices=end.devices if end else None, gpu_unavailable=header.gpu_unavailable, notes=notes,
+        cpu_limits=header.cpu_limits,
     )
 
 
@@ -319,6 +339,31 @@ class DeviceUtil(msgspec.Struct, kw_only=True):
     dram_active_mean: float | None = None
 
 
+class CpuLimits(msgspec.Struct, kw_only=True):
+    """The CPU the host lent the run: cgroup quota and throttling, the cores' frequency, steal time.
+
+    A field that is None was not readable here (``not_readable`` names the source); it is never read as zero.
+    """
+
+    cgroup_version: int | None = None
+    quota_cpus: float | None = None
+    """CPUs the cgroup's quota allows; None with a cgroup read: no quota."""
+    periods: int | None = None
+    """The cgroup's enforcement periods during the run."""
+    throttled_share: float | None = None
+    """Share of those periods in which the quota held the cgroup back."""
+    throttled_s: float | None = None
+    """Time the cgroup's processes were held back, summed over them."""
+    freq_pct: float | None = None
+    """The cores' mean frequency, % of their maximum."""
+    freq_min_pct: float | None = None
+    steal_pct: float | None = None
+    """CPU time a hypervisor gave to others, % of all CPU time."""
+    not_readable: list[str] = []
+    summary: str = ""
+    """``throttled 23 % of the run (cgroup quota 4 CPUs) · cores at 97 % of their maximum clock · steal 0.0 %``."""
+
+
 class HostUtil(msgspec.Struct, kw_only=True):
     cores: int
     cpu_mean_pct: float
@@ -339,6 +384,8 @@ class HostUtil(msgspec.Struct, kw_only=True):
     mem_used_max_mib: float | None = None
     mem_total_mib: float | None = None
     disk_read_mean_mib_s: float | None = None
+    cpu_limits: CpuLimits | None = None
+    """None: a log that did not record them (another tool's, or gpuidle's before utilization schema minor 1)."""
 
 
 class UtilFinding(msgspec.Struct, kw_only=True):
@@ -346,7 +393,7 @@ class UtilFinding(msgspec.Struct, kw_only=True):
 
     kind: str
     """``low_utilization``, ``periodic_drops``, ``imbalance``, ``input_bound``, ``waiting_comm_or_io``,
-    ``memory_headroom``, ``throttling`` or ``sm_underused``."""
+    ``memory_headroom``, ``throttling``, ``sm_underused`` or ``cpu_throttled``."""
     scope: str
     """``device N``, ``all devices`` or ``host``."""
     seconds: float

@@ -160,3 +160,14 @@ def with_comparison(result: AllReduceResult, report: AnalysisReport) -> AllReduc
         notes.append(f"training collectives from the report's {scope} view (mean message size = bytes / calls)")
     return msgspec.structs.replace(result, comparison=rows, notes=notes,
                                    mismatches=setup_mismatches(result, report))
+
+
+def ring_fit(result: AllReduceResult) -> tuple[float, float] | None:
+    """The all-reduce's latency per ring step and bus bandwidth (s, GB/s), fitted over every size measured:
+    ``time = α × 2(N−1) + bytes × 2(N−1)/N / busbw``; None where time does not grow with the size."""
+    rows = sorted((r for r in result.rows if r.op == "all_reduce" and r.time_us is not None), key=lambda r: r.bytes)
+    n = result.world_size
+    f = fit_latency_bandwidth([TimedSize(r.bytes, (r.time_us or 0.0) * 1e-6, _spread_s(r)) for r in rows])
+    if f is None or n < 2:
+        return None
+    return f.latency_s / (2 * (n - 1)), f.bandwidth_gbps * bus_factor("all_reduce", n)

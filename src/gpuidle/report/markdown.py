@@ -25,6 +25,7 @@ from gpuidle.report.common import (
     unmeasured_words,
     window_words,
 )
+from gpuidle.report.scaleout import scale_out_lines
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -65,6 +66,9 @@ class MarkdownRenderer:
             lines += _table(["", "value", "formula"],
                             [[x.name.replace("_", " "), x.shown, f"`{x.worked}`"] for x in report.cost.lines])
             lines += [f"> {n}" for n in report.cost.notes] + [""]
+        if report.scale_out is not None:
+            lines += [f"### At {report.scale_out.gpus} GPUs", ""]
+            lines += [f"- {x}" for x in scale_out_lines(report.scale_out)] + [""]
         lines += ["### Top fixes", ""]
         i = 0
         listed = shown_recommendations(report.recommendations, options.top)

@@ -21,6 +21,7 @@ from gpuidle.model import (
     JobReport,
     RankReport,
     Recommendation,
+    ScaleOut,
 )
 from gpuidle.report.common import (
     CAUSE_MEANING,
@@ -47,6 +48,7 @@ from gpuidle.report.common import (
     utilization_falls,
     window_words,
 )
+from gpuidle.report.scaleout import scale_out_lines
 
 CAUSE_STYLE = {
     "data_loading": "magenta", "host_sync": "red", "launch_overhead": "yellow", "cpu_compute": "cyan",
@@ -197,6 +199,12 @@ def _cost(cost: CostResult) -> RenderableType:
     return Group(t, *notes)
 
 
+def _scale_out(so: ScaleOut) -> RenderableType:
+    head, answer, *rest = scale_out_lines(so)
+    return Group(Text(f"At {so.gpus} GPUs", style="bold underline"), Text(head), Text(answer, style="bold"),
+                 *[Text(line, style="bright_black") for line in rest])
+
+
 _TRAILING_SPACES = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$", re.M)
 
 
@@ -225,6 +233,8 @@ class TerminalRenderer:
             self._rank(console, worst, report.include_warmup)
         if report.cost is not None:
             console.print(_cost(report.cost))
+        if report.scale_out is not None:
+            console.print(_scale_out(report.scale_out))
         recs = shown_recommendations(report.recommendations, options.top)
         console.print(Text("Top fixes" if recs else "No fix stands out: no idle cause above its threshold.",
                            style="bold underline"))

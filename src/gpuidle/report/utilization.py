@@ -117,6 +117,8 @@ def _host(h: HostUtil) -> list[RenderableType]:
     if h.disk_read_mean_mib_s is not None:
         line += f" · disk reads {h.disk_read_mean_mib_s:,.1f} MiB/s"
     out: list[RenderableType] = [Text(line)]
+    if h.cpu_limits is not None:
+        out.append(Text(f"CPU: {h.cpu_limits.summary}"))
     if h.starved_s > 0:
         out.append(Text(f"GPUs starved for {_s(h.starved_s)}: CPU saturated {_s(h.starved_cpu_saturated_s)} "
                         f"· CPU idle {_s(h.starved_cpu_idle_s)} · other {_s(h.starved_other_s)}"))
