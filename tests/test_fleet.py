@@ -45,7 +45,7 @@ def _fleet(root: Path, broken: bool = True) -> Path:
 
 def _reference_row(report: AnalysisReport, hours: float) -> tuple[int, dict[str, float]]:
     """GPUs and GPU-hours idle per cause, from the report's own devices, picked here."""
-    gpus = max(r.world_size or 0 for r in report.ranks) or len(report.ranks)
+    gpus = sum(max(sum(d.busy_s > 0 for d in r.devices), 1) for r in report.ranks)  # with work in the window
     shares = {c.value: 0.0 for c in CAUSES}
     for r in report.ranks:
         device = sorted(r.devices, key=lambda d: (-d.busy_s, d.device))[0]

@@ -14,6 +14,7 @@ from rich.table import Table
 from gpuidle import api, ledger
 from gpuidle.analysis import compare as comparison
 from gpuidle.cli.common import (
+    PIPED_WIDTH,
     Parser,
     add_ledger_option,
     emit,
@@ -21,10 +22,12 @@ from gpuidle.cli.common import (
     positive_int,
     refuse_overwriting_inputs,
     render_options,
+    terminal_columns,
 )
+from gpuidle.model import RunSummary
 from gpuidle.report import html
 from gpuidle.report.common import ms, pct
-from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for
+from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for, gpu_count_words
 from gpuidle.report.text import printable
 
 
@@ -67,15 +70,20 @@ def _of_kind(kind: str, wanted: str) -> bool:
     return kind == wanted or kind.startswith(wanted + " ")
 
 
-def _gpus(r: ledger.Run) -> str:
-    """GPUs of the run; for a trace folder, the ranks found of the job's world size ("2 of 128")."""
-    if r.kind in ledger.ANALYSIS_KINDS:
-        try:
-            summary = comparison.summarize(r.analysis())
-        except ledger.LedgerError:
-            summary = None
-        if summary is not None and summary.ranks != summary.world_size:
-            return f"{summary.ranks} of {summary.world_size}"
+def _summary(r: ledger.Run) -> RunSummary | None:
+    """An analysis record's figures as compare gives them; None for other kinds and unreadable reports."""
+    if r.kind not in ledger.ANALYSIS_KINDS:
+        return None
+    try:
+        return comparison.summarize(r.analysis())
+    except ledger.LedgerError:
+        return None
+
+
+def _gpus(r: ledger.Run, summary: RunSummary | None) -> str:
+    """GPUs with work in the run; for a trace folder, of the job's world size ("2 of 128"), as compare says it."""
+    if summary is not None:
+        return gpu_count_words(summary)
     return str(r.gpu_count) if r.gpu_count else ""
 
 
@@ -94,18 +102,20 @@ def run_history(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs recorded in {path} yet (gpuidle analyze, run, summarize and bench record them)")
         return 0
-    console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 160)
+    console = Console(file=sys.stdout, highlight=False, width=terminal_columns(PIPED_WIDTH))
     t = Table(box=None, header_style="bold", pad_edge=False, title=str(path), title_justify="left",
               title_style="bright_black")
-    for col in ("id", "when", "kind", "label", "GPUs", "util", "median step", "commit", "inputs"):
-        t.add_column(col, justify="right" if col in ("id", "util", "median step") else "left")
+    for col in ("id", "when", "kind", "label", "GPUs", "util", "steady step", "left out", "commit", "inputs"):
+        t.add_column(col, justify="right" if col in ("id", "util", "steady step") else "left")
     for r in runs:
-        count = _gpus(r)
+        summary = _summary(r)
+        count = _gpus(r, summary)
         gpus = f"{count or '?'} × {r.gpu_model}" if r.gpu_model else count
         commit = (r.git_commit[:10] + ("*" if r.git_dirty else "")) if r.git_commit else ""
+        left_out = "; ".join(summary.excluded_steps) if summary is not None else ""
         t.add_row(str(r.id), _when(r.created), printable(r.kind), printable(r.label or ""), printable(gpus),
                   "" if r.utilization is None else pct(r.utilization), "" if r.step_s is None else ms(r.step_s),
-                  commit, str(len(r.inputs)))
+                  printable(left_out), commit, str(len(r.inputs)))
     console.print(t)
     return 0
 

@@ -17,20 +17,25 @@ class RunSummary(msgspec.Struct):
     label: str | None
     gpu_model: str | None
     world_size: int
+    """The job's ranks as the traces record them (a folder may hold a part of a job)."""
     batch_size: int | None
     ranks: int
     steps: int
-    """Steps analysed, summed over ranks."""
+    """Steady steps the per-step figures are the mean of, summed over ranks."""
     utilization: float
     """Busy / window over the primary device of every rank."""
     step_s: float
-    """Median step time over all ranks' steps (as the tracker reports it)."""
+    """The steady step: the slowest rank's mean over its steady steps, as ``analyze`` shows it."""
     idle_s: float
-    """Mean idle time per step."""
+    """Idle per steady step."""
     idle_by_cause_s: dict[str, float]
-    """Mean idle time per step, by cause."""
+    """Idle per steady step, by cause."""
     recommendations: list[str]
     """Recommendation ids, largest gain first."""
+    gpus: int = 0
+    """GPUs with work in the analysed window, over the traced ranks (``analysis.figures.gpus``)."""
+    excluded_steps: list[str] = []
+    """The steps left out of the per-step figures, by reason (``warmup: step 0``)."""
 
 
 class RecommendationChange(msgspec.Struct):
@@ -45,7 +50,7 @@ class RecommendationChange(msgspec.Struct):
 
 
 class CostDelta(msgspec.Struct):
-    """What the step-time change is worth: ``step_s * steps * GPUs * price / 3600``."""
+    """What the step-time change is worth: ``step_s * steps * GPUs * price / 3600``, GPUs those with work."""
 
     price_per_gpu_hour: float
     steps: int

@@ -34,8 +34,17 @@ def _signed_pts(share: float) -> str:
     return ("+" if share > 0 else ("−" if share < 0 else "±")) + f"{abs(share) * 100:.1f} pts"
 
 
+def gpu_count_words(s: RunSummary) -> str:
+    """The GPUs with work, and the part of the job traced where it is a part: ``8``, ``2 of 128``,
+    ``8 (1 of 2 ranks)``; history and compare both say it so."""
+    if s.ranks >= s.world_size:
+        return str(s.gpus)
+    return f"{s.gpus} of {s.world_size}" if s.gpus == s.ranks else f"{s.gpus} ({s.ranks} of {s.world_size} ranks)"
+
+
 def _gpus(s: RunSummary) -> str:
-    gpus = f"{s.world_size} × {s.gpu_model}" if s.gpu_model else f"{s.world_size} GPU(s)"
+    count = gpu_count_words(s)
+    gpus = f"{count} × {s.gpu_model}" if s.gpu_model else f"{count} GPU(s)"
     return gpus + (f", batch {s.batch_size}" if s.batch_size is not None else "")
 
 
@@ -51,8 +60,8 @@ def headline_rows(c: Comparison) -> list[tuple[str, str, str, str]]:
     speed = "" if c.speedup is None else f" ({c.speedup:.2f}×)"
     rows = [
         ("utilization", pct(a.utilization), pct(b.utilization), _signed_pts(c.utilization_delta)),
-        ("median step", ms(a.step_s), ms(b.step_s), _signed_ms(c.step_s_delta) + speed),
-        ("idle per step", ms(a.idle_s), ms(b.idle_s), _signed_ms(b.idle_s - a.idle_s)),
+        ("steady step", ms(a.step_s), ms(b.step_s), _signed_ms(c.step_s_delta) + speed),
+        ("idle per steady step", ms(a.idle_s), ms(b.idle_s), _signed_ms(b.idle_s - a.idle_s)),
     ]
     rows += [(f"  {k}", ms(a.idle_by_cause_s[k]), ms(b.idle_by_cause_s[k]), _signed_ms(v))
              for k, v in c.idle_by_cause_delta_s.items() if a.idle_by_cause_s[k] > 0 or b.idle_by_cause_s[k] > 0]

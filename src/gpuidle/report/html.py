@@ -53,7 +53,7 @@ from gpuidle.report.common import (
     unmeasured_words,
     window_words,
 )
-from gpuidle.report.compare_text import money
+from gpuidle.report.compare_text import gpu_count_words, money
 from gpuidle.report.svg import (
     CAUSE_COLOR,
     MAX_INTERVAL_RECTS,
@@ -273,12 +273,13 @@ def _delta(v: float, fmt: str, better_when_lower: bool) -> str:
 
 def _side(title: str, s: RunSummary, report: AnalysisReport, y_max: float) -> str:
     r = _shown_rank(report)
-    gpus = f"{s.world_size} × {s.gpu_model}" if s.gpu_model else f"{s.world_size} GPU(s)"
+    count = gpu_count_words(s)
+    gpus = f"{count} × {s.gpu_model}" if s.gpu_model else f"{count} GPU(s)"
     batch = f" · batch {s.batch_size}" if s.batch_size is not None else ""
     return (f'<div class="card"><h3>{esc(title)}: {esc(_run_name(s))}</h3>'
             f'<div class="muted">{esc(gpus)}{batch} · {s.ranks} rank(s) · {s.steps} step(s)</div>'
             f'<div class="big {util_class(s.utilization)}">{pct(s.utilization)}</div>'
-            f'<div class="muted">utilization · step {ms(s.step_s)} · idle {ms(s.idle_s)} per step</div>'
+            f'<div class="muted">utilization · steady step {ms(s.step_s)} · idle {ms(s.idle_s)} per step</div>'
             + cause_bar(r.primary(), SIDE_WIDTH) + f'<p class="note">per step, rank {r.rank}:</p>'
             + steps_chart(r, y_max, SIDE_WIDTH)
             + "</div>")
@@ -301,9 +302,10 @@ def render_comparison(c: Comparison, before: AnalysisReport, after: AnalysisRepo
     rows = [
         ("utilization", pct(a.utilization), pct(b.utilization),
          _delta(c.utilization_delta, f"{abs(c.utilization_delta) * 100:.1f} pts", False)),
-        ("median step", ms(a.step_s), ms(b.step_s), _delta(c.step_s_delta, ms(abs(c.step_s_delta)), True)
+        ("steady step", ms(a.step_s), ms(b.step_s), _delta(c.step_s_delta, ms(abs(c.step_s_delta)), True)
          + f" <span class=\"muted\">({speed})</span>"),
-        ("idle per step", ms(a.idle_s), ms(b.idle_s), _delta(b.idle_s - a.idle_s, ms(abs(b.idle_s - a.idle_s)), True)),
+        ("idle per steady step", ms(a.idle_s), ms(b.idle_s),
+         _delta(b.idle_s - a.idle_s, ms(abs(b.idle_s - a.idle_s)), True)),
     ]
     if c.cost is not None:
         k = c.cost
