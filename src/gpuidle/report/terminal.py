@@ -22,6 +22,7 @@ from gpuidle.model import (
     RankReport,
     Recommendation,
 )
+from gpuidle.report.code import code_block
 from gpuidle.report.common import (
     CAUSE_MEANING,
     DEFAULT_OPTIONS,
@@ -170,7 +171,8 @@ def _job(job: JobReport) -> RenderableType:
 
 def _recommendation(i: int | None, rec: Recommendation) -> RenderableType:
     """The title, then under it, indented (wrapped lines too): its confidence and cause, the gain, the evidence,
-    the fix. The confidence has a line of its own, so no width breaks it in two."""
+    the fix's code, whole at any width (:mod:`gpuidle.report.code`). The confidence has a line of its own, so no
+    width breaks it in two."""
     indent = 3 if i is not None else 6
     head = Text(f"{i}. {rec.title}" if i is not None else f"   or: {rec.title}", style="bold")
     good = rec.gain.step_s_saved is not None and rec.alternative_to is None and not utilization_falls(rec.gain)
@@ -178,8 +180,8 @@ def _recommendation(i: int | None, rec: Recommendation) -> RenderableType:
                style="bright_black")
     gain = Text(gain_text(rec), style="green" if good else "yellow")
     ev = Text("evidence: " + ", ".join(f"{k}={v}" for k, v in rec.evidence.items()), style="bright_black")
-    fix = Text("\n".join("  " + line for line in rec.fix.splitlines()), style="cyan")
-    return Group(head, Padding(Group(tag, gain, ev, fix), (0, 0, 0, indent), expand=False))
+    return Group(head, Padding(Group(tag, gain, ev), (0, 0, 0, indent), expand=False),
+                 code_block(rec.fix, indent + 2))
 
 
 def _combined(c: Combined, listed: list[Recommendation]) -> Text:
@@ -232,7 +234,7 @@ class TerminalRenderer:
         for rec in recs:
             if rec.alternative_to is None:
                 i += 1
-            console.print(_recommendation(i if rec.alternative_to is None else None, rec))
+            console.print(_recommendation(i if rec.alternative_to is None else None, rec), crop=False)
         if report.combined is not None and report.combined.fixes:
             console.print(_combined(report.combined, recs))
         if len(report.recommendations) > len(recs):

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuidle.model import DeviceUtil, GpuInfo, GpuSample, HostSample, HostUtil, UtilizationReport
+from gpuidle.report.code import code_block
 from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report, ranges
 from gpuidle.report.registry import pick
 
@@ -182,8 +183,7 @@ class UtilTerminalRenderer:
             gain = Text(f"   → utilization {bound}{pct(g.utilization_after or 0.0)}"
                         + (f", saves {bound}{ms(g.step_s_saved)}/step" if g.step_s_saved else "")
                         + f"  [{rec.confidence} confidence · {rec.cause}]", style="green")
-            fix = Text("\n".join("     " + line for line in rec.fix.splitlines()), style="cyan")
-            console.print(Group(Text(f"{i}. {rec.title}", style="bold"), gain, fix))
+            console.print(Group(Text(f"{i}. {rec.title}", style="bold"), gain, code_block(rec.fix, 5)), crop=False)
         if len(report.recommendations) > len(recs):
             console.print(Text(f"(+{len(report.recommendations) - len(recs)} more: --top N or --json)",
                                style="bright_black"))
