@@ -10,9 +10,11 @@ from typing import Any, TypeVar
 import msgspec
 
 from gpuidle.advice.whatif import UTILIZATION_TOLERANCE
+from gpuidle.analysis import figures
 from gpuidle.model import (
     DIMENSION_WORDS,
     SHAPE,
+    AnalysisReport,
     Combined,
     CommRole,
     Gain,
@@ -218,6 +220,15 @@ def _held_by(s: StepReport) -> str:
 
 STARTUP_SHOWN = 8
 """Start-up costs a text report lists one by one; the rest are counted (all of them are in the JSON)."""
+
+
+def run_words(report: AnalysisReport, sep: str = " · ") -> str:
+    """``8 GPUs · steady step 27.83 ms · idle 27.03 ms per steady step · utilization 2.9 %``: the run's figures as
+    history, compare, cost and the fleet table show them (:mod:`gpuidle.analysis.figures`)."""
+    gpus = figures.gpus(report)
+    return sep.join([f"{gpus} GPU{'' if gpus == 1 else 's'} with work", f"steady step {ms(figures.step_s(report))}",
+                     f"idle {ms(figures.idle_s(report))} per steady step",
+                     f"utilization {pct(figures.utilization(report))}"])
 
 
 def window_words(r: RankReport, sep: str = " · ") -> str:

@@ -47,6 +47,7 @@ from gpuidle.report.common import (
     ms,
     pct,
     role_lines,
+    run_words,
     source_label,
     startup_head,
     startup_item,
@@ -213,7 +214,8 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
     n = len(report.ranks)
     shown = _shown_rank(report)
     body = [f"<header><h1>gpuidle · {n} rank{'s' if n != 1 else ''} · {esc(source_label(report.source))}</h1>"
-            f'<div class="muted">{esc(", ".join(report.source.paths))}</div></header>',
+            f'<div class="muted">{esc(", ".join(report.source.paths))}</div>'
+            f'<p id="run">run: {esc(run_words(report))}</p></header>',
             _headline(report, shown), _decision(report)]
     body.append(f'<section id="summary"><h2>Utilization</h2><p class="note">window: {esc(window_words(shown, ", "))}'
                 + (f"; rank {shown.rank} has the lowest utilization of the job" if n > 1 else "") + "</p>"

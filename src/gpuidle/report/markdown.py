@@ -17,6 +17,7 @@ from gpuidle.report.common import (
     pct,
     printable_report,
     role_lines,
+    run_words,
     shown_recommendations,
     source_label,
     startup_lines,
@@ -39,7 +40,8 @@ class MarkdownRenderer:
 
     def render(self, report: AnalysisReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
         report = printable_report(report)
-        lines = [f"## gpuidle: {len(report.ranks)} rank(s), {source_label(report.source)}", ""]
+        lines = [f"## gpuidle: {len(report.ranks)} rank(s), {source_label(report.source)}", "",
+                 f"Run: {run_words(report, ', ')}.", ""]
         shown = [report.ranks[0]] if report.job is None else [min(report.ranks, key=lambda r: r.primary().utilization)]
         if report.job is not None:
             job = report.job

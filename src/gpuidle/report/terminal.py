@@ -40,6 +40,7 @@ from gpuidle.report.common import (
     printable_report,
     ranges,
     role_lines,
+    run_words,
     shown_recommendations,
     source_label,
     startup_lines,
@@ -218,6 +219,7 @@ class TerminalRenderer:
                           width=options.width, highlight=False)
         n = len(report.ranks)
         console.print(Text(f"gpuidle · {n} rank{'s' if n != 1 else ''} · {source_label(report.source)}", style="bold"))
+        console.print(Text(f"run: {run_words(report)}", style="bold"))
         if report.job is None:
             self._rank(console, report.ranks[0], report.include_warmup)
         else:
