@@ -44,3 +44,20 @@ def test_kind_bench_finds_the_records_of_bench_sub_commands(private_ledger: Path
     assert [r["label"] for r in rows] == ["plain", "ar"]
     assert main(["history", "--kind", "bench", "--limit", "1", "--json"]) == 0
     assert [r["label"] for r in json.loads(capsys.readouterr().out)] == ["plain"]
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_the_table_keeps_to_columns_with_its_figures_whole(width: int, private_ledger: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Piped, the table takes COLUMNS: a narrow one leaves columns out and says which, never a figure cut."""
+    assert main(["analyze", *map(str, RANKS), "--label", "two-of-job", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    monkeypatch.setenv("COLUMNS", str(width))
+    assert main(["history"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= width
+    util = sum(max(r["devices"], key=lambda d: d["busy_s"])["utilization"] for r in report["ranks"]) / 2
+    row = _row(out, f"{util * 100:.1f} %")
+    assert row.split()[0] == "1"
+    assert ("not shown at" in out) == (width < 120)

@@ -275,6 +275,10 @@ def cost_from_report(report: AnalysisReport, price_per_gpu_hour: float | None = 
     if not report.ranks:
         raise GpuidleError("the report has no ranks")
     u = figures.utilization(report)
+    if u is None:
+        raise GpuidleError(f"the run's utilization was not measured ({', '.join(figures.unmeasured(report))} counts "
+                           "as busy): no cost can be taken from it",
+                           "price it with --gpus, --hours and --utilization instead of --from")
     n = gpus or figures.gpus(report)
     result = cost(n, hours, min(max(u, 0.0), 1.0), price_per_gpu_hour, target if target and u > 0 else None)
     world = figures.world_size(report)

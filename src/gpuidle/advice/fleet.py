@@ -18,14 +18,17 @@ from gpuidle.model import CAUSES, AnalysisReport, FleetJob, FleetReport
 def fleet_job(name: str, path: str, report: AnalysisReport, hours: float = 1.0) -> FleetJob:
     """One job's row: GPU-hours idle per cause per ``hours`` of training, and its top fix."""
     devices = [r.primary() for r in report.ranks]
-    gpus = figures.gpus(report)
+    gpus, utilization = figures.gpus(report), figures.utilization(report)
+    if utilization is None:
+        return FleetJob(name=name, path=path, error=f"utilization not measured "
+                        f"({', '.join(figures.unmeasured(report))} counts as busy)")
     # shares of the window, which leaves start-up out: a one-time cost (context creation, module loading) does
     # not recur per hour of training, and is in no cause
     shares = {c.value: sum(d.idle_by_cause_s.get(c.value, 0.0) / d.window_s for d in devices if d.window_s > 0)
               / len(devices) for c in CAUSES}
     by_cause = {c: gpus * hours * share for c, share in shares.items()}
     return FleetJob(
-        name=name, path=path, gpus=gpus, utilization=figures.utilization(report),
+        name=name, path=path, gpus=gpus, utilization=utilization,
         idle_gpu_hours_by_cause=by_cause, idle_gpu_hours=sum(by_cause.values()),
         top_fix=report.recommendations[0].title if report.recommendations else None,
         skipped=list(report.source.skipped),

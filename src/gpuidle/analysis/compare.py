@@ -60,6 +60,7 @@ def summarize(report: AnalysisReport, info: RunInfo | None = None) -> RunSummary
         idle_by_cause_s=idle,
         recommendations=[r.id for r in report.recommendations],
         gpus=figures.gpus(report), excluded_steps=figures.excluded_steps(report),
+        not_measured=figures.unmeasured(report),
     )
 
 
@@ -91,6 +92,8 @@ def compare(
         notes.append(f"the windows were found differently: {', '.join(sorted(kinds[0]))} vs "
                       f"{', '.join(sorted(kinds[1]))}")
     for side, s in (("before", a), ("after", b)):
+        if s.not_measured:
+            notes.append(f"{side}: utilization not measured ({', '.join(s.not_measured)} counts as busy)")
         if s.excluded_steps:
             notes.append(f"{side}: left out of the per-step figures, as analyze leaves them out: "
                          f"{'; '.join(s.excluded_steps)}")
@@ -98,7 +101,7 @@ def compare(
         notes.append(f"{a.ranks} rank(s) analysed before, {b.ranks} after")
     return Comparison(
         before=a, after=b, comparable=not differences, differences=differences, notes=notes,
-        utilization_delta=b.utilization - a.utilization,
+        utilization_delta=None if a.utilization is None or b.utilization is None else b.utilization - a.utilization,
         step_s_delta=b.step_s - a.step_s,
         speedup=a.step_s / b.step_s if b.step_s > 0 else None,
         idle_by_cause_delta_s={c: b.idle_by_cause_s[c] - a.idle_by_cause_s[c] for c in a.idle_by_cause_s},

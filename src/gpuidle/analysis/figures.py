@@ -10,13 +10,14 @@ a run through these functions, so one run shows one step time and one GPU count 
 - **GPUs**: the devices with work (busy time) in the analysed window, over the traced ranks; a rank whose
   devices show none counts its training device.
 - **Utilization**: :meth:`AnalysisReport.utilization` (busy / window of each rank's training device, the mean
-  over the ranks).
+  over the ranks); not measured (None) where a rank's busy time holds a wait it could not tell apart: a Keras fit
+  not given ``callback.dataset()`` counts its data wait as busy (``RankReport.unmeasured``).
 """
 
 from __future__ import annotations
 
 from gpuidle.analysis.steps import counted
-from gpuidle.model import CAUSES, AnalysisReport, RankReport, StepReport
+from gpuidle.model import CAUSES, AnalysisReport, DeviceReport, RankReport, StepReport
 
 
 def steady_steps(rank: RankReport, include_all: bool = False) -> list[StepReport]:
@@ -93,6 +94,22 @@ def world_size(report: AnalysisReport) -> int:
     return max((r.world_size or 0 for r in report.ranks), default=0) or len(report.ranks)
 
 
-def utilization(report: AnalysisReport) -> float:
-    """The run's utilization (:meth:`AnalysisReport.utilization`)."""
-    return report.utilization()
+UNMEASURED_BUSY = ("data_loading",)
+"""What a run may leave unmeasured inside its busy time (:attr:`RankReport.unmeasured`): its utilization is then
+not known."""
+
+
+def unmeasured(report: AnalysisReport) -> list[str]:
+    """What the run's busy time holds unmeasured, each named once: its utilization is not known where any."""
+    return list(dict.fromkeys(u for r in report.ranks for u in r.unmeasured if u in UNMEASURED_BUSY))
+
+
+def device_utilization(rank: RankReport, device: DeviceReport) -> float | None:
+    """One device's utilization as the rank's report may claim it: None where its busy time holds an unmeasured
+    wait."""
+    return None if any(u in UNMEASURED_BUSY for u in rank.unmeasured) else device.utilization
+
+
+def utilization(report: AnalysisReport) -> float | None:
+    """The run's utilization (:meth:`AnalysisReport.utilization`); None where it was not measured."""
+    return None if unmeasured(report) else report.utilization()

@@ -87,6 +87,13 @@ def _gpus(r: ledger.Run, summary: RunSummary | None) -> str:
     return str(r.gpu_count) if r.gpu_count else ""
 
 
+def _utilization(r: ledger.Run, summary: RunSummary | None) -> str:
+    """The recorded utilization; ``not measured`` for an analysis whose busy time holds an unmeasured wait."""
+    if summary is not None and summary.utilization is None:
+        return "not measured"
+    return "" if r.utilization is None else pct(r.utilization)
+
+
 def run_history(args: argparse.Namespace) -> int:
     path = Path(args.ledger).expanduser() if args.ledger else ledger.default_path()
     if not ledger.exists(path):
@@ -103,21 +110,58 @@ def run_history(args: argparse.Namespace) -> int:
         print(f"no runs recorded in {path} yet (gpuidle analyze, run, summarize and bench record them)")
         return 0
     console = Console(file=sys.stdout, highlight=False, width=terminal_columns(PIPED_WIDTH))
+    rows = [_row(r) for r in runs]
+    columns = list(COLUMNS)
+    while _width(columns, rows) > console.width and (drop := [c for c in NARROW_DROPS if c in columns]):
+        columns.remove(drop[0])
+    t = _table(path, columns, rows)
+    console.print(t)
+    if len(columns) < len(COLUMNS):
+        left = ", ".join(c for c in COLUMNS if c not in columns)
+        console.print(f"(not shown at {console.width} columns: {left}; history --json has every field)",
+                      style="bright_black")
+    return 0
+
+
+COLUMNS = ("id", "when", "kind", "label", "GPUs", "util", "steady step", "left out", "commit", "inputs")
+NARROW_DROPS = ("inputs", "commit", "when", "kind", "left out")
+"""The columns a narrow terminal goes without, first to last: never the run, its figures or its label."""
+
+
+def _row(r: ledger.Run) -> dict[str, str]:
+    summary = _summary(r)
+    count = _gpus(r, summary)
+    gpus = f"{count or '?'} × {r.gpu_model}" if r.gpu_model else count
+    commit = (r.git_commit[:10] + ("*" if r.git_dirty else "")) if r.git_commit else ""
+    left_out = "; ".join(summary.excluded_steps) if summary is not None else ""
+    return {"id": str(r.id), "when": _when(r.created), "kind": printable(r.kind), "label": printable(r.label or ""),
+            "GPUs": printable(gpus), "util": _utilization(r, summary),
+            "steady step": "" if r.step_s is None else ms(r.step_s), "left out": printable(left_out),
+            "commit": commit, "inputs": str(len(r.inputs))}
+
+
+WORDS = ("label", "GPUs", "left out")
+"""Columns that wrap at spaces; the others (ids, times, figures) are never broken."""
+WORDS_MIN = 14
+"""The least width a wrapping column is given before a column is left out."""
+
+
+def _width(columns: list[str], rows: list[dict[str, str]]) -> int:
+    """The table's width with each column whole, or wrapped to :data:`WORDS_MIN` where it may wrap."""
+    whole = [max([len(c), *(len(row[c]) for row in rows)]) for c in columns]
+    return sum(min(w, WORDS_MIN) if c in WORDS else w for c, w in zip(columns, whole, strict=True)) \
+        + 2 * (len(columns) - 1)
+
+
+def _table(path: Path, columns: list[str], rows: list[dict[str, str]]) -> Table:
     t = Table(box=None, header_style="bold", pad_edge=False, title=str(path), title_justify="left",
               title_style="bright_black")
-    for col in ("id", "when", "kind", "label", "GPUs", "util", "steady step", "left out", "commit", "inputs"):
-        t.add_column(col, justify="right" if col in ("id", "util", "steady step") else "left")
-    for r in runs:
-        summary = _summary(r)
-        count = _gpus(r, summary)
-        gpus = f"{count or '?'} × {r.gpu_model}" if r.gpu_model else count
-        commit = (r.git_commit[:10] + ("*" if r.git_dirty else "")) if r.git_commit else ""
-        left_out = "; ".join(summary.excluded_steps) if summary is not None else ""
-        t.add_row(str(r.id), _when(r.created), printable(r.kind), printable(r.label or ""), printable(gpus),
-                  "" if r.utilization is None else pct(r.utilization), "" if r.step_s is None else ms(r.step_s),
-                  printable(left_out), commit, str(len(r.inputs)))
-    console.print(t)
-    return 0
+    for col in columns:
+        t.add_column(col, justify="right" if col in ("id", "util", "steady step") else "left",
+                     no_wrap=col not in WORDS)
+    for row in rows:
+        t.add_row(*(row[c] for c in columns))
+    return t
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -22,8 +22,8 @@ class RunSummary(msgspec.Struct):
     ranks: int
     steps: int
     """Steady steps the per-step figures are the mean of, summed over ranks."""
-    utilization: float
-    """Busy / window over the primary device of every rank."""
+    utilization: float | None
+    """Busy / window over the primary device of every rank; None where not measured (``not_measured`` says what)."""
     step_s: float
     """The steady step: the slowest rank's mean over its steady steps, as ``analyze`` shows it."""
     idle_s: float
@@ -36,6 +36,8 @@ class RunSummary(msgspec.Struct):
     """GPUs with work in the analysed window, over the traced ranks (``analysis.figures.gpus``)."""
     excluded_steps: list[str] = []
     """The steps left out of the per-step figures, by reason (``warmup: step 0``)."""
+    not_measured: list[str] = []
+    """What the run's busy time holds unmeasured (``data_loading``: a Keras fit without ``callback.dataset()``)."""
 
 
 class RecommendationChange(msgspec.Struct):
@@ -70,7 +72,8 @@ class Comparison(JsonStruct, kw_only=True):
     """Why the runs are not comparable: GPU model, world size or batch differs."""
     notes: list[str]
     """Differences worth knowing that do not make the numbers meaningless."""
-    utilization_delta: float
+    utilization_delta: float | None
+    """None where either run's utilization was not measured."""
     step_s_delta: float
     speedup: float | None
     """``before.step_s / after.step_s``."""

@@ -17,6 +17,7 @@ from gpuidle.model import (
     AnalysisReport,
     Combined,
     CommRole,
+    DeviceReport,
     Gain,
     MeshDim,
     RankReport,
@@ -225,10 +226,11 @@ STARTUP_SHOWN = 8
 def run_words(report: AnalysisReport, sep: str = " · ") -> str:
     """``8 GPUs · steady step 27.83 ms · idle 27.03 ms per steady step · utilization 2.9 %``: the run's figures as
     history, compare, cost and the fleet table show them (:mod:`gpuidle.analysis.figures`)."""
-    gpus = figures.gpus(report)
+    gpus, util = figures.gpus(report), figures.utilization(report)
+    said = (f"utilization not measured ({', '.join(figures.unmeasured(report))} counts as busy)" if util is None
+            else f"utilization {pct(util)}")
     return sep.join([f"{gpus} GPU{'' if gpus == 1 else 's'} with work", f"steady step {ms(figures.step_s(report))}",
-                     f"idle {ms(figures.idle_s(report))} per steady step",
-                     f"utilization {pct(figures.utilization(report))}"])
+                     f"idle {ms(figures.idle_s(report))} per steady step", said])
 
 
 def window_words(r: RankReport, sep: str = " · ") -> str:
@@ -321,6 +323,12 @@ UNMEASURED_WORDS = {
     "data_loading": "data_loading not measured: its time counts as busy (see the first fix)",
     "host_activity": "host activity not recorded: the idle cannot be split by cause (see the first fix)",
 }
+
+
+def utilization_words(r: RankReport, d: DeviceReport) -> str:
+    """``99.9 %``, or ``not measured`` where the rank's busy time holds a wait it could not time."""
+    u = figures.device_utilization(r, d)
+    return "not measured" if u is None else pct(u)
 
 
 def unmeasured_words(r: RankReport) -> str | None:

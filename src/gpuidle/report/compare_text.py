@@ -26,6 +26,11 @@ def money(v: float) -> str:
     return f"{v:,.2f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"
 
 
+def util_words(share: float | None) -> str:
+    """A run's utilization, or ``not measured``."""
+    return "not measured" if share is None else pct(share)
+
+
 def _signed_ms(seconds: float) -> str:
     return ("+" if seconds > 0 else ("−" if seconds < 0 else "±")) + ms(abs(seconds))
 
@@ -59,7 +64,8 @@ def headline_rows(c: Comparison) -> list[tuple[str, str, str, str]]:
     a, b = c.before, c.after
     speed = "" if c.speedup is None else f" ({c.speedup:.2f}×)"
     rows = [
-        ("utilization", pct(a.utilization), pct(b.utilization), _signed_pts(c.utilization_delta)),
+        ("utilization", util_words(a.utilization), util_words(b.utilization),
+         "n/a" if c.utilization_delta is None else _signed_pts(c.utilization_delta)),
         ("steady step", ms(a.step_s), ms(b.step_s), _signed_ms(c.step_s_delta) + speed),
         ("idle per steady step", ms(a.idle_s), ms(b.idle_s), _signed_ms(b.idle_s - a.idle_s)),
     ]

@@ -52,9 +52,10 @@ from gpuidle.report.common import (
     startup_head,
     startup_item,
     unmeasured_words,
+    utilization_words,
     window_words,
 )
-from gpuidle.report.compare_text import gpu_count_words, money
+from gpuidle.report.compare_text import gpu_count_words, money, util_words
 from gpuidle.report.svg import (
     CAUSE_COLOR,
     MAX_INTERVAL_RECTS,
@@ -79,7 +80,7 @@ def _device_card(r: RankReport, d: DeviceReport) -> str:
     smi = (f'<div class="note">{tool} would count {pct(d.active_s / d.window_s)} (collectives included)</div>'
            if d.active_s > d.busy_s and d.window_s and tool is not None else "")
     return (f'<div class="card"><h3>rank {r.rank} · GPU {d.device}{name}</h3>'
-            f'<div class="big {util_class(d.utilization)}">{pct(d.utilization)}</div>'
+            f'<div class="big {util_class(d.utilization)}">{utilization_words(r, d)}</div>'
             f'<div class="muted">utilization · idle {ms(d.idle_s)} of {ms(d.window_s)}</div>{smi}</div>')
 
 
@@ -187,7 +188,7 @@ def _headline(report: AnalysisReport, shown: RankReport) -> str:
     where = f"rank {shown.rank} · GPU {d.device}" + (f" · {esc(d.name)}" if d.name else "")
     lowest = " (the lowest of the job)" if len(report.ranks) > 1 else ""
     return (f'<section id="headline"><h2>{where}{lowest}: <span class="{util_class(d.utilization)}">'
-            f"utilization {pct(d.utilization)}</span></h2>"
+            f"utilization {utilization_words(shown, d)}</span></h2>"
             f'<p class="lead">idle {ms(d.idle_s)} of {ms(d.window_s)}{top}.</p>'
             + (f'<p class="bad">{esc(unmeasured)}</p>' if (unmeasured := unmeasured_words(shown)) else "")
             + "</section>")
@@ -280,7 +281,7 @@ def _side(title: str, s: RunSummary, report: AnalysisReport, y_max: float) -> st
     batch = f" · batch {s.batch_size}" if s.batch_size is not None else ""
     return (f'<div class="card"><h3>{esc(title)}: {esc(_run_name(s))}</h3>'
             f'<div class="muted">{esc(gpus)}{batch} · {s.ranks} rank(s) · {s.steps} step(s)</div>'
-            f'<div class="big {util_class(s.utilization)}">{pct(s.utilization)}</div>'
+            f'<div class="big {util_class(s.utilization or 0.0)}">{util_words(s.utilization)}</div>'
             f'<div class="muted">utilization · steady step {ms(s.step_s)} · idle {ms(s.idle_s)} per step</div>'
             + cause_bar(r.primary(), SIDE_WIDTH) + f'<p class="note">per step, rank {r.rank}:</p>'
             + steps_chart(r, y_max, SIDE_WIDTH)
@@ -302,7 +303,8 @@ def render_comparison(c: Comparison, before: AnalysisReport, after: AnalysisRepo
     body.append(verdict)
     speed = "n/a" if c.speedup is None else f"{c.speedup:.2f}×"
     rows = [
-        ("utilization", pct(a.utilization), pct(b.utilization),
+        ("utilization", util_words(a.utilization), util_words(b.utilization),
+         "n/a" if c.utilization_delta is None else
          _delta(c.utilization_delta, f"{abs(c.utilization_delta) * 100:.1f} pts", False)),
         ("steady step", ms(a.step_s), ms(b.step_s), _delta(c.step_s_delta, ms(abs(c.step_s_delta)), True)
          + f" <span class=\"muted\">({speed})</span>"),

@@ -24,6 +24,7 @@ from gpuidle.report.common import (
     step_rows,
     together,
     unmeasured_words,
+    utilization_words,
     window_words,
 )
 
@@ -90,8 +91,9 @@ class MarkdownRenderer:
 
     def _rank(self, r: RankReport) -> list[str]:
         d = r.primary()
-        mark = "✅" if d.utilization >= TARGET_UTILIZATION else "⚠️"
-        out = [f"### Rank {r.rank}, device {d.device}: utilization {pct(d.utilization)} {mark}", "",
+        measured = r.unmeasured == [] or utilization_words(r, d) != "not measured"
+        mark = "✅" if measured and d.utilization >= TARGET_UTILIZATION else "⚠️"
+        out = [f"### Rank {r.rank}, device {d.device}: utilization {utilization_words(r, d)} {mark}", "",
                *([f"**{unmeasured}**", ""] if (unmeasured := unmeasured_words(r)) else []),
                f"Window: {window_words(r, ', ')}; idle {ms(d.idle_s)}.", ""]
         shown = [c.value for c in CAUSES if d.idle_by_cause_s[c.value] > 0]

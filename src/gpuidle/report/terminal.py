@@ -47,6 +47,7 @@ from gpuidle.report.common import (
     step_rows,
     unmeasured_words,
     utilization_falls,
+    utilization_words,
     window_words,
 )
 
@@ -72,7 +73,7 @@ def _headline(r: RankReport, d: DeviceReport) -> RenderableType:
     style = _util_style(d.utilization)
     name = f" ({d.name})" if d.name else ""
     head = Text(f"rank {r.rank} · device {d.device}{name}  ", style="bold")
-    head += Text(f"utilization {pct(d.utilization)}", style=f"bold {style}")
+    head += Text(f"utilization {utilization_words(r, d)}", style=f"bold {style}")
     head += Text(f"  (target {pct(TARGET_UTILIZATION, 0)})")
     idle = Text(f"  idle {ms(d.idle_s)} of {ms(d.window_s)}")
     smi = hardware(d).smi
@@ -91,7 +92,8 @@ def _devices(r: RankReport) -> RenderableType:
         t.add_column(col, justify="left" if col == "device" else "right")
     for d in r.devices:
         style = _util_style(d.utilization)
-        t.add_row(f"{d.device}" + (f" ({d.name})" if d.name else ""), Text(pct(d.utilization), style=f"bold {style}"),
+        t.add_row(f"{d.device}" + (f" ({d.name})" if d.name else ""),
+                  Text(utilization_words(r, d), style=f"bold {style}"),
                   ms(d.idle_s), ms(d.window_s))
     unmeasured = unmeasured_words(r)
     tail = [Text(unmeasured, style="bold yellow")] if unmeasured is not None else []
