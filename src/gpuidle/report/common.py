@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gpuidle.advice.hardware import hardware
 from gpuidle.advice.whatif import UTILIZATION_TOLERANCE
 from gpuidle.analysis import figures
 from gpuidle.model import (
@@ -19,6 +20,7 @@ from gpuidle.model import (
     CommRole,
     DeviceReport,
     Gain,
+    KernelFacts,
     MeshDim,
     RankReport,
     Recommendation,
@@ -317,6 +319,37 @@ def exposed_words(exposed_s: float, communication_s: float, straggler_wait_s: fl
     charged to (a collective call the host waits in counts there too)."""
     return (f"{ms(exposed_s)} exposed (no compute beside them) · idle charged to communication "
             f"{ms(communication_s)}, to straggler_wait {ms(straggler_wait_s)}")
+
+
+def smi_words(d: DeviceReport) -> str | None:
+    """``nvidia-smi would count 64.1 %``: the device's share with collectives counted as work, where it differs."""
+    smi = hardware(d).smi
+    if d.active_s <= d.busy_s or smi is None or not d.window_s:
+        return None
+    return f"{smi} would count {pct(d.active_s / d.window_s)}"
+
+
+def collectives_words(r: RankReport) -> str | None:
+    """``collectives: 336.0 ms on the device, ... · overlap 41.2 %``, where the rank ran collectives."""
+    c, d = r.communication, r.primary()
+    if c.comm_s <= 0:
+        return None
+    overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
+    exposed = exposed_words(c.exposed_s, d.idle_by_cause_s.get("communication", 0.0),
+                            d.idle_by_cause_s.get("straggler_wait", 0.0))
+    return f"collectives: {ms(c.comm_s)} on the device, {exposed} · overlap {overlap}"
+
+
+def kernel_words(k: KernelFacts) -> str | None:
+    """``kernels: 235 (1.7 % of kernel time in kernels < 10 µs) · ... · syncs/step 1.0 · .item()/step 0.0``."""
+    if k.count:
+        facts = f"kernels: {k.count} ({pct(k.short_kernel_share)} of kernel time in kernels < 10 µs)"
+        if k.reduced_precision_gemm_share is not None:
+            facts += f" · GEMM/conv in fp16/bf16 or on matrix units: {pct(k.reduced_precision_gemm_share)}"
+        return facts + f" · syncs/step {k.syncs_per_step:.1f} · .item()/step {k.item_calls_per_step:.1f}"
+    if k.syncs_per_step:  # step timing: no kernels seen, only the loop's syncs where the tracker timed them
+        return f"syncs/step {k.syncs_per_step:.1f}"
+    return None
 
 
 UNMEASURED_WORDS = {

@@ -11,7 +11,6 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpuidle.advice.hardware import hardware
 from gpuidle.model import (
     CAUSES,
     AnalysisReport,
@@ -30,10 +29,12 @@ from gpuidle.report.common import (
     OWN_STEP,
     TARGET_UTILIZATION,
     RenderOptions,
+    collectives_words,
     combined_text,
     excluded_lines,
     exposed_words,
     gain_text,
+    kernel_words,
     mesh_lines,
     ms,
     pct,
@@ -42,6 +43,7 @@ from gpuidle.report.common import (
     role_lines,
     run_words,
     shown_recommendations,
+    smi_words,
     source_label,
     startup_lines,
     step_rows,
@@ -76,9 +78,9 @@ def _headline(r: RankReport, d: DeviceReport) -> RenderableType:
     head += Text(f"utilization {utilization_words(r, d)}", style=f"bold {style}")
     head += Text(f"  (target {pct(TARGET_UTILIZATION, 0)})")
     idle = Text(f"  idle {ms(d.idle_s)} of {ms(d.window_s)}")
-    smi = hardware(d).smi
-    if d.active_s > d.busy_s and smi is not None:
-        idle += Text(f" · {smi} would count {pct(d.active_s / d.window_s)}", style="bright_black")
+    smi = smi_words(d)
+    if smi is not None:
+        idle += Text(f" · {smi}", style="bright_black")
     unmeasured = unmeasured_words(r)
     tail = [Text(f"  {unmeasured}", style="bold yellow")] if unmeasured is not None else []
     return Group(head, idle, *tail)
@@ -261,25 +263,15 @@ class TerminalRenderer:
         for line in startup_lines(r):
             console.print(Text(line, style="yellow"))
         c = r.communication
-        if c.comm_s > 0:
-            overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
-            d = r.primary()
-            exposed = exposed_words(c.exposed_s, d.idle_by_cause_s.get("communication", 0.0),
-                                    d.idle_by_cause_s.get("straggler_wait", 0.0))
-            console.print(Text(f"collectives: {ms(c.comm_s)} on the device, {exposed} · overlap {overlap}",
-                               style="green"))
+        collectives = collectives_words(r)
+        if collectives is not None:
+            console.print(Text(collectives, style="green"))
             for line in role_lines(c.parallelism, c.roles):
                 console.print(Text(f"  {line}", style="green"))
             for line in mesh_lines(c.mesh, r.world_size):
                 console.print(Text(line, style="green"))
-        k = r.kernels
-        if k.count:
-            facts = f"kernels: {k.count} ({pct(k.short_kernel_share)} of kernel time in kernels < 10 µs)"
-            if k.reduced_precision_gemm_share is not None:
-                facts += f" · GEMM/conv in fp16/bf16 or on matrix units: {pct(k.reduced_precision_gemm_share)}"
-            facts += f" · syncs/step {k.syncs_per_step:.1f} · .item()/step {k.item_calls_per_step:.1f}"
-            console.print(Text(facts, style="bright_black"))
-        elif k.syncs_per_step:  # step timing: no kernels seen, only the loop's syncs where the tracker timed them
-            console.print(Text(f"syncs/step {k.syncs_per_step:.1f}", style="bright_black"))
+        kernels = kernel_words(r.kernels)
+        if kernels is not None:
+            console.print(Text(kernels, style="bright_black"))
         for note in r.notes:
             console.print(Text(f"note: {note}", style="yellow"))
