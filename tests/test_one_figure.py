@@ -130,3 +130,26 @@ def test_a_jobs_utilization_is_one_number_in_every_command(tmp_path: Path) -> No
     assert row["utilization"] == pytest.approx(expected, abs=1e-12)
     cost = json.loads(gpuidle("cost", "--from", str(written), "--hours", "2", "--json", ledger=None))
     assert cost["cost"]["utilization"] == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("trace", [DATA / "h200_dataloader__after.pt.trace.json.gz",
+                                   DATA / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz"],
+                         ids=lambda p: p.name.split("__")[0])
+def test_the_fixes_start_from_the_steady_utilization_the_run_line_prints(trace: Path) -> None:
+    """Where steps are left out the window's utilization and the steady steps' differ; the fixes' ``utilization
+    before`` is the steady one, computed here from the steady steps, and the run line prints both, named."""
+    from gpuidle import api
+    from gpuidle.report.common import RenderOptions
+    from gpuidle.report.terminal import TerminalRenderer
+
+    report = api.analyze([trace])
+    (rank,) = report.ranks
+    steady = [s for s in rank.steps if s.excluded is None]
+    expected = sum(s.busy_s for s in steady) / sum(s.dur_s - s.idle_by_cause_s["straggler_wait"] for s in steady)
+    befores = [r.gain.utilization_before for r in report.recommendations if r.gain.utilization_before is not None]
+    assert befores
+    assert befores == [pytest.approx(expected, abs=1e-12)] * len(befores)
+    assert pct(expected) != pct(report.utilization())
+    run = next(line for line in TerminalRenderer().render(report, RenderOptions(width=300)).splitlines()
+               if line.startswith("run:"))
+    assert run.endswith(f"utilization {pct(report.utilization())} ({pct(expected)} over the steady steps)")

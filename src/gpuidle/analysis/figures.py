@@ -104,6 +104,22 @@ def unmeasured(report: AnalysisReport) -> list[str]:
     return list(dict.fromkeys(u for r in report.ranks for u in r.unmeasured if u in UNMEASURED_BUSY))
 
 
+def steady_utilization(report: AnalysisReport) -> float:
+    """Busy over the steady step, the utilization the fixes' gains start from (``advice.whatif``): the mean over
+    the ranks of their busy time per steady step, over the job's own step (the slowest rank's steady step less its
+    wait for the others). It differs from :func:`utilization` (busy over the whole window) by the steps left out."""
+    busy, own = [], []
+    for r in report.ranks:
+        steps = steady_steps(r, report.include_warmup)
+        if not steps:
+            continue
+        n = len(steps)
+        busy.append(sum(s.busy_s for s in steps) / n)
+        own.append(sum(s.dur_s - s.idle_by_cause_s.get("straggler_wait", 0.0) for s in steps) / n)
+    job = max(own, default=0.0)
+    return sum(busy) / len(busy) / job if busy and job > 0 else 0.0
+
+
 def device_utilization(rank: RankReport, device: DeviceReport) -> float | None:
     """One device's utilization as the rank's report may claim it: None where its busy time holds an unmeasured
     wait."""

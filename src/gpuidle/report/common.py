@@ -227,10 +227,12 @@ STARTUP_SHOWN = 8
 
 def run_words(report: AnalysisReport, sep: str = " · ") -> str:
     """``8 GPUs · steady step 27.83 ms · idle 27.03 ms per steady step · utilization 2.9 %``: the run's figures as
-    history, compare, cost and the fleet table show them (:mod:`gpuidle.analysis.figures`)."""
+    history, compare, cost and the fleet table show them (:mod:`gpuidle.analysis.figures`); where the steps left
+    out move it, the utilization over the steady steps beside it, the one the fixes start from."""
     gpus, util = figures.gpus(report), figures.utilization(report)
+    steady = pct(figures.steady_utilization(report))
     said = (f"utilization not measured ({', '.join(figures.unmeasured(report))} counts as busy)" if util is None
-            else f"utilization {pct(util)}")
+            else f"utilization {pct(util)}" + (f" ({steady} over the steady steps)" if steady != pct(util) else ""))
     return sep.join([f"{gpus} GPU{'' if gpus == 1 else 's'} with work", f"steady step {ms(figures.step_s(report))}",
                      f"idle {ms(figures.idle_s(report))} per steady step", said])
 
