@@ -61,3 +61,20 @@ def test_the_table_keeps_to_columns_with_its_figures_whole(width: int, private_l
     row = _row(out, f"{util * 100:.1f} %")
     assert row.split()[0] == "1"
     assert ("not shown at" in out) == (width < 120)
+
+
+def test_a_record_from_before_shows_todays_figures(private_ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A record kept with a median step and one GPU (as gpuidle once stored them) is shown with the figures analyze
+    gives its report: the steady step and the GPUs with work, computed here from the report."""
+    assert main(["analyze", str(RANKS[0]), "--json", "--no-ledger"]) == 0
+    text = capsys.readouterr().out
+    report = json.loads(text)
+    ledger.record("analyze", text, "old", [], path=private_ledger, step_s=123.0, gpu_count=99, utilization=0.5)
+    assert main(["history", "--json"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)
+    (rank,) = report["ranks"]
+    steady = [s["dur_s"] for s in rank["steps"] if s["excluded"] is None]
+    device = max(rank["devices"], key=lambda d: d["busy_s"])
+    assert run["step_s"] == pytest.approx(sum(steady) / len(steady), abs=1e-12)
+    assert run["gpu_count"] == sum(d["busy_s"] > 0 for d in rank["devices"])
+    assert run["utilization"] == pytest.approx(device["busy_s"] / device["window_s"], abs=1e-12)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -87,6 +88,15 @@ def _gpus(r: ledger.Run, summary: RunSummary | None) -> str:
     return str(r.gpu_count) if r.gpu_count else ""
 
 
+def _as_analyze_shows_it(r: ledger.Run) -> ledger.Run:
+    """An analysis record with its figures as analyze and compare give them today, from the report it keeps: a
+    record written before they were one figure (a median step, one GPU for an 8-GPU profile) reads the same."""
+    summary = _summary(r)
+    if summary is None:
+        return r
+    return dataclasses.replace(r, step_s=summary.step_s, utilization=summary.utilization, gpu_count=summary.gpus)
+
+
 def _utilization(r: ledger.Run, summary: RunSummary | None) -> str:
     """The recorded utilization; ``not measured`` for an analysis whose busy time holds an unmeasured wait."""
     if summary is not None and summary.utilization is None:
@@ -102,6 +112,7 @@ def run_history(args: argparse.Namespace) -> int:
         with ledger.Ledger.for_reading(path) as book:
             runs = book.runs(limit=args.limit) if args.kind is None else \
                 [r for r in book.runs() if _of_kind(r.kind, args.kind)][:args.limit]
+    runs = [_as_analyze_shows_it(r) for r in runs]
     if args.json:
         rows = [{k: v for k, v in msgspec.to_builtins(r).items() if k != "report"} for r in runs]
         emit(msgspec.json.format(msgspec.json.encode(rows).decode(), indent=2) + "\n", None)
