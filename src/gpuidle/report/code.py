@@ -9,10 +9,15 @@ holds, indented.
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.text import Text
 
 
-def code_block(code: str, indent: int) -> Text:
-    """``code``'s lines, each indented by ``indent`` spaces, never wrapped or cut: print it with ``crop=False``."""
+def code_block(code: str, indent: int) -> Group:
+    """``code``'s lines, each indented by ``indent`` spaces, never wrapped or cut: print it with ``crop=False``.
+
+    A group, not the bare text: ``Console.print`` joins the texts it is given into one and drops their
+    ``no_wrap``."""
     pad = " " * indent
-    return Text("\n".join(pad + line for line in code.splitlines()), style="cyan", no_wrap=True, overflow="ignore")
+    return Group(Text("\n".join(pad + line for line in code.splitlines()), style="cyan", no_wrap=True,
+                      overflow="ignore"))
