@@ -62,3 +62,18 @@ def test_every_fix_pastes_as_printed(report: AnalysisReport, width: int) -> None
         assert printed.splitlines() == [line.rstrip() for line in rec.fix.splitlines()], rec.id
         if python(rec.fix):
             compile(printed, rec.id, "exec")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_counter_logs_fixes_paste_too(width: int) -> None:
+    """``summarize`` prints its fixes' code the same way."""
+    from gpuidle.report.utilization import UtilTerminalRenderer
+
+    summary = api.summarize_log(DATA / "smi" / "query_gpu_units.csv")
+    recs = summary.recommendations
+    lines = UtilTerminalRenderer().render(summary, RenderOptions(top=len(recs), width=width)).splitlines()
+    assert recs
+    at = 0
+    for rec in recs:
+        printed, at = printed_block(lines, at, rec)
+        assert printed.splitlines() == [line.rstrip() for line in rec.fix.splitlines()], rec.id
