@@ -28,6 +28,8 @@ def test_a_partial_folder_shows_ranks_found_of_world_size(private_ledger: Path,
     out = capsys.readouterr().out
     row = _row(out, "two-of-job")
     assert "2 of 128" in row           # two traces of a 128-rank job, not "128"
+    assert main(["compare", "two-of-job", "two-of-job"]) == 0
+    assert "before: 2 of 128 GPU(s)" in capsys.readouterr().out  # compare says it as history does
     assert "steady step" in out        # the statistic is named in the header
     steady = [[s["dur_s"] for s in r["steps"] if s["excluded"] is None] for r in report["ranks"]]
     slowest = max(sum(own) / len(own) for own in steady)
