@@ -151,8 +151,8 @@ def _row(r: ledger.Run) -> dict[str, str]:
             "commit": commit, "inputs": str(len(r.inputs))}
 
 
-WORDS = ("label", "GPUs", "left out")
-"""Columns that wrap at spaces; the others (ids, times, figures) are never broken."""
+WORDS = ("GPUs", "left out")
+"""Columns that wrap at spaces; the others (ids, labels one types into compare, times, figures) are never broken."""
 WORDS_MIN = 14
 """The least width a wrapping column is given before a column is left out."""
 
