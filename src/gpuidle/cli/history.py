@@ -88,10 +88,9 @@ def _gpus(r: ledger.Run, summary: RunSummary | None) -> str:
     return str(r.gpu_count) if r.gpu_count else ""
 
 
-def _as_analyze_shows_it(r: ledger.Run) -> ledger.Run:
+def _as_analyze_shows_it(r: ledger.Run, summary: RunSummary | None) -> ledger.Run:
     """An analysis record with its figures as analyze and compare give them today, from the report it keeps: a
     record written before they were one figure (a median step, one GPU for an 8-GPU profile) reads the same."""
-    summary = _summary(r)
     if summary is None:
         return r
     return dataclasses.replace(r, step_s=summary.step_s, utilization=summary.utilization, gpu_count=summary.gpus)
@@ -112,7 +111,8 @@ def run_history(args: argparse.Namespace) -> int:
         with ledger.Ledger.for_reading(path) as book:
             runs = book.runs(limit=args.limit) if args.kind is None else \
                 [r for r in book.runs() if _of_kind(r.kind, args.kind)][:args.limit]
-    runs = [_as_analyze_shows_it(r) for r in runs]
+    summaries = [_summary(r) for r in runs]  # each kept report read once
+    runs = [_as_analyze_shows_it(r, s) for r, s in zip(runs, summaries, strict=True)]
     if args.json:
         rows = [{k: v for k, v in msgspec.to_builtins(r).items() if k != "report"} for r in runs]
         emit(msgspec.json.format(msgspec.json.encode(rows).decode(), indent=2) + "\n", None)
@@ -121,7 +121,7 @@ def run_history(args: argparse.Namespace) -> int:
         print(f"no runs recorded in {path} yet (gpuidle analyze, run, summarize and bench record them)")
         return 0
     console = Console(file=sys.stdout, highlight=False, width=terminal_columns(PIPED_WIDTH))
-    rows = [_row(r) for r in runs]
+    rows = [_row(r, s) for r, s in zip(runs, summaries, strict=True)]
     columns = list(COLUMNS)
     while _width(columns, rows) > console.width and (drop := [c for c in NARROW_DROPS if c in columns]):
         columns.remove(drop[0])
@@ -139,8 +139,7 @@ NARROW_DROPS = ("inputs", "commit", "when", "kind", "left out")
 """The columns a narrow terminal goes without, first to last: never the run, its figures or its label."""
 
 
-def _row(r: ledger.Run) -> dict[str, str]:
-    summary = _summary(r)
+def _row(r: ledger.Run, summary: RunSummary | None) -> dict[str, str]:
     count = _gpus(r, summary)
     gpus = f"{count or '?'} × {r.gpu_model}" if r.gpu_model else count
     commit = (r.git_commit[:10] + ("*" if r.git_dirty else "")) if r.git_commit else ""
