@@ -43,8 +43,6 @@ def gpu_model(report: AnalysisReport) -> str | None:
     return ", ".join(names) if names else None
 
 
-
-
 def summarize(report: AnalysisReport, info: RunInfo | None = None) -> RunSummary:
     """The per-step figures of one run."""
     info = info or RunInfo()
