@@ -108,9 +108,10 @@ def test_every_command_shows_the_same_figures(trace: Path, tmp_path: Path) -> No
         assert sep.join(run_line) in text
 
 
-def test_a_jobs_utilization_is_one_number_in_every_command(tmp_path: Path) -> None:
-    """Two ranks: the run's utilization is the mean of its ranks' devices in the ledger, compare, the fleet table
-    and the cost, computed here from the written report."""
+def test_a_jobs_figures_are_one_number_in_every_command(tmp_path: Path) -> None:
+    """Two ranks: the run's utilization is the mean of its ranks' devices, its steady step the slowest rank's and its
+    GPUs the two traced, in the ledger, compare, the fleet table and the cost, computed here from the written
+    report."""
     ledger = tmp_path / "ledger.sqlite"
     job = tmp_path / "fleet" / "job"
     job.mkdir(parents=True)
@@ -130,6 +131,13 @@ def test_a_jobs_utilization_is_one_number_in_every_command(tmp_path: Path) -> No
     assert row["utilization"] == pytest.approx(expected, abs=1e-12)
     cost = json.loads(gpuidle("cost", "--from", str(written), "--hours", "2", "--json", ledger=None))
     assert cost["cost"]["utilization"] == pytest.approx(expected, abs=1e-12)
+    # the job's steady step is its slowest rank's, as the job's rank table gives each; its GPUs, one per rank
+    table = json.loads(written.read_text())["job"]["rank_table"]
+    step = max(steady_figures(r)[0] for r in ranks)
+    assert step == pytest.approx(max(row["step_s"] for row in table), abs=1e-12)
+    assert run["step_s"] == pytest.approx(step, abs=1e-12)
+    assert (compared["before"]["step_s"], compared["before"]["gpus"]) == (pytest.approx(step, abs=1e-12), 2)
+    assert (cost["cost"]["gpus"], row["gpus"], run["gpu_count"]) == (2, 2, 2)
 
 
 @pytest.mark.parametrize("trace", [DATA / "h200_dataloader__after.pt.trace.json.gz",
