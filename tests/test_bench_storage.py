@@ -293,3 +293,13 @@ def test_assign_files_caps_the_random_pool() -> None:
     assert len(out["random"]) == storage.RANDOM_FILES
     assert len(out["files"]) == 200 - storage.RANDOM_FILES
     assert out["sequential"] == []
+
+
+def test_one_small_file_gives_no_rate(tmp_path: Path) -> None:
+    """One 458-byte read is no files/s nor MB/s: the table shows none and the note says why."""
+    (tmp_path / "one.txt").write_bytes(b"x" * 458)
+    result = storage.bench_storage(tmp_path, budget_s=0.2)
+    (files,) = result.phases
+    assert (files.name, files.reads, files.bytes) == ("files", 1, 458)
+    assert (files.files_per_s, files.mb_per_s, files.iops) == (None, None, None)
+    assert any("too few reads for a rate in files" in n for n in result.notes)

@@ -170,10 +170,14 @@ def test_cost_from_a_trace_report() -> None:
     devices = [msgspec.structs.replace(d, utilization=0.25) if d is rank.primary() else d for d in rank.devices]
     report = msgspec.structs.replace(report, ranks=[msgspec.structs.replace(rank, devices=devices)])
     r = calc.cost_from_report(report, price_per_gpu_hour=2.0, hours=10.0, target=0.5)
-    assert r.gpus == 2  # the trace's world size
-    assert r.wasted_gpu_hours == pytest.approx(15.0, **EXACT)  # 2 × 10 × 0.75
+    assert r.gpus == 1  # the one GPU with work in the window: rank 0 of a two-rank job, said in the notes
+    assert any("1 of the job's 2 ranks" in n for n in r.notes)
+    assert r.wasted_gpu_hours == pytest.approx(7.5, **EXACT)  # 1 × 10 × 0.75
     assert r.hours_at_target == pytest.approx(5.0, **EXACT)   # 10 × 0.25 / 0.5
-    assert r.money_saved == pytest.approx(20.0, **EXACT)        # 2 × 5 × 2
+    assert r.money_saved == pytest.approx(10.0, **EXACT)        # 1 × 5 × 2
+    whole = calc.cost_from_report(report, price_per_gpu_hour=2.0, hours=10.0, target=0.5, gpus=2)
+    assert whole.wasted_gpu_hours == pytest.approx(15.0, **EXACT)  # --gpus 2: the whole job, 2 × 10 × 0.75
+    assert not any("ranks" in n for n in whole.notes)
 
 
 def test_cli_cost_json(capsys: pytest.CaptureFixture[str]) -> None:

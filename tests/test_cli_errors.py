@@ -156,3 +156,16 @@ def test_a_file_named_as_an_nsight_export_that_is_not_one(tmp_path: Path) -> Non
     assert_one_line_error(proc, "not an Nsight Systems export")
     assert "JSON" not in proc.stderr
     assert "nsys export --type sqlite" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["query_gpu_units.csv", "dmon_default.log", "dcgmi_dmon.log"])
+def test_a_counter_log_given_to_analyze_points_to_summarize(name: str) -> None:
+    log = DATA / "smi" / name
+    assert_one_line_error(gpuidle("analyze", str(log), "--no-ledger"), "a GPU counter log",
+                          f"gpuidle summarize {log} reads it")
+
+
+def test_a_text_file_that_is_no_counter_log_is_not_sent_to_summarize() -> None:
+    proc = gpuidle("analyze", str(DATA / "smi" / "README.md"), "--no-ledger")
+    assert proc.returncode == 2
+    assert "summarize" not in proc.stderr

@@ -199,7 +199,7 @@ def test_unreachable_scheduler_is_one_error(monkeypatch: pytest.MonkeyPatch) -> 
     first look is skipped here so that the local refusal reaches Dask."""
     from gpuidle.jobs import cluster
 
-    monkeypatch.setattr(cluster, "_refused", lambda address: None)
+    monkeypatch.setattr(cluster, "not_a_scheduler", lambda address: None)
     with pytest.raises(GpuidleError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:\d+ within 1 s"):
         DaskCluster(f"tcp://127.0.0.1:{free_port()}", connect_timeout_s=1.0).run([str(PAIR[0])])
 
@@ -211,6 +211,15 @@ def test_unreachable_scheduler_on_the_command_line() -> None:
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("gpuidle: error: cannot reach the Dask scheduler")
+
+
+def test_a_real_scheduler_passes_the_first_look(cluster: Any) -> None:
+    """The handshake the look reads is the one a scheduler of this distributed sends (tests/test_scheduler_probe.py:
+    what is not a scheduler is refused)."""
+    from gpuidle.jobs.probe import not_a_scheduler
+
+    assert not_a_scheduler(cluster.scheduler_address) is None
+    assert not_a_scheduler(cluster.scheduler_address.removeprefix("tcp://")) is None
 
 
 def test_local_pool_and_cluster_sort_the_same(cluster: Any, job: Path) -> None:

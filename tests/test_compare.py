@@ -134,29 +134,30 @@ def test_not_comparable(tmp_path: Path) -> None:
     c = compare(base, base, RunInfo(batch_size=32), RunInfo())
     assert c.comparable
     assert c.notes == ["the batch size of the after run is not recorded (gpuidle analyze --batch-size)"]
-    # the cost uses each run's own GPU count
+    # the cost prices the GPUs with work in each run (one traced rank of the job each), as cost --from does
     c = compare(base, bigger, price_per_gpu_hour=3.6)
     assert c.cost is not None
     assert c.cost.steps == 1000
-    assert c.cost.before == pytest.approx(1000 * US * 1000 * 2 * 3.6 / 3600)
-    assert c.cost.after == pytest.approx(610 * US * 1000 * 4 * 3.6 / 3600)
+    assert (c.before.gpus, c.after.gpus) == (1, 1)
+    assert c.cost.before == pytest.approx(1000 * US * 1000 * 1 * 3.6 / 3600)
+    assert c.cost.after == pytest.approx(610 * US * 1000 * 1 * 3.6 / 3600)
 
 
 def test_job_summary_is_per_step_over_ranks() -> None:
     job = api.analyze([DATA / "trace_filter__sampled_rank-0.json.gz", DATA / "trace_filter__sampled_rank-1.json.gz"])
     s = summarize(job)
     prim = [r.primary() for r in job.ranks]
-    steps = sum(len(r.steps) for r in job.ranks)
-    assert (s.ranks, s.world_size, s.steps) == (2, 128, steps)
+    steady = [[st for st in r.steps if st.excluded is None] for r in job.ranks]
+    assert all(steady)
+    assert (s.ranks, s.world_size, s.gpus, s.steps) == (2, 128, 2, sum(map(len, steady)))
     # the run's one utilization, as the fleet table and the cost take it: the mean of the ranks' devices
     assert s.utilization == pytest.approx(sum(d.busy_s / d.window_s for d in prim) / len(prim))
-    durations = sorted(st.dur_s for r in job.ranks for st in r.steps)
-    n = len(durations)
-    median = durations[n // 2] if n % 2 else (durations[n // 2 - 1] + durations[n // 2]) / 2
-    assert s.step_s == pytest.approx(median)  # the median, as the tracker reports it, not window / steps
-    assert s.step_s != pytest.approx(sum(d.window_s for d in prim) / steps)
-    assert s.idle_by_cause_s["straggler_wait"] == pytest.approx(
-        sum(d.idle_by_cause_s["straggler_wait"] for d in prim) / steps)
+    # the steady step as analyze's fixes start from it: the slowest rank's mean over its steady steps
+    means = [sum(st.dur_s for st in own) / len(own) for own in steady]
+    assert s.step_s == pytest.approx(max(means))
+    assert s.step_s != pytest.approx(sum(d.window_s for d in prim) / sum(map(len, steady)))
+    waits = [sum(st.idle_by_cause_s["straggler_wait"] for st in own) / len(own) for own in steady]
+    assert s.idle_by_cause_s["straggler_wait"] == pytest.approx(sum(waits) / len(waits))
     assert s.recommendations == [r.id for r in job.recommendations]
 
 
@@ -193,7 +194,7 @@ def test_cli_compare_by_label_id_and_report_file(tmp_path: Path, capsys: pytest.
     assert main(["compare", "baseline", "2", "--format", "md", "--price", "2", "--steps", "5000"]) == 0
     md = capsys.readouterr().out
     assert md.startswith("## gpuidle compare: baseline (run 1) → num_workers 0->8, pin_memory (run 2)\n")
-    assert "| median step | 1.00 ms | 610.0 µs | −390.0 µs (1.64×) |" in md
+    assert "| steady step | 1.00 ms | 610.0 µs | −390.0 µs (1.64×) |" in md
     assert "| utilization | 50.0 % | 82.0 % | +32.0 pts |" in md
     assert "| &nbsp;&nbsp;data_loading | 400.0 µs | 10.0 µs | −390.0 µs |" in md
     assert "**Recommendations resolved**" in md

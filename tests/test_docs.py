@@ -214,3 +214,23 @@ def test_the_notebook_runs_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not [o for o in shown if o.get("output_type") == "error"]
     first = nb.cells[1]["outputs"][0]["data"]
     assert first["text/html"].startswith("<iframe ")  # the report displayed itself
+
+
+def test_every_confidence_and_every_cause_a_fix_names_is_defined() -> None:
+    """The words a fix is printed with (``medium confidence · compute``) each have a row in numbers.md: the
+    confidences and the causes that are not idle causes, as the bundled traces' fixes use them."""
+    from gpuidle import api
+    from gpuidle.model import CAUSES
+    from test_reference import GPU_TRACES
+
+    page = (DOCS / "numbers.md").read_text()
+    recs = [r for name in GPU_TRACES[:6] for r in api.analyze([Path(__file__).parent / "data" / name]).recommendations]
+    confidences = {r.confidence for r in recs}
+    others = {r.cause for r in recs} - {c.value for c in CAUSES}
+    assert {"high", "medium"} <= confidences
+    assert {"compute", "trace_quality"} & others
+    for word in confidences:
+        assert f"| `{word}` confidence |" in page, word
+    for word in others:
+        assert f"| cause `{word}` |" in page, word
+    assert "| exposed |" in page

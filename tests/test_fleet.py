@@ -45,7 +45,7 @@ def _fleet(root: Path, broken: bool = True) -> Path:
 
 def _reference_row(report: AnalysisReport, hours: float) -> tuple[int, dict[str, float]]:
     """GPUs and GPU-hours idle per cause, from the report's own devices, picked here."""
-    gpus = max(r.world_size or 0 for r in report.ranks) or len(report.ranks)
+    gpus = sum(max(sum(d.busy_s > 0 for d in r.devices), 1) for r in report.ranks)  # with work in the window
     shares = {c.value: 0.0 for c in CAUSES}
     for r in report.ranks:
         device = sorted(r.devices, key=lambda d: (-d.busy_s, d.device))[0]
@@ -174,3 +174,30 @@ def test_a_fleet_table_wider_than_the_terminal_is_laid_out_to_fit(tmp_path: Path
         if line.startswith(("alexnet", "ddp")):
             job, _gpus, util, idle = line.split()[:4]
             assert any(x.split()[:4][0] == job and x.split()[2:4] == [util, idle] for x in narrow.splitlines())
+
+
+def test_a_cut_says_so_and_one_job_is_one_job() -> None:
+    """In the compact table a line cut to the width ends with an ellipsis (a cut never reads as the whole), and the
+    note counts in the singular where there is one."""
+    from gpuidle.advice.fleet import fleet_report
+    from gpuidle.model import FleetJob
+    from gpuidle.report.fleet import render_fleet
+
+    fix = "Load batches in parallel: more DataLoader workers, pinned memory, prefetching"
+    job = FleetJob(name="ddp", path="/jobs/ddp", gpus=8, utilization=0.5, idle_gpu_hours=4.0,
+                   idle_gpu_hours_by_cause={c.value: 4.0 if c.value == "data_loading" else 0.0 for c in CAUSES},
+                   top_fix=fix)
+    broken = FleetJob(name="bad", path="/jobs/bad", error="no GPU activity in any trace of this folder, none at all")
+    text = render_fleet(fleet_report(["/jobs"], [job, broken]), width=60)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 60
+    top = next(line for line in lines if "top fix:" in line)
+    error = next(line for line in lines if "error:" in line)
+    assert top.endswith("…")
+    assert fix.startswith(top.split("top fix: ")[1][:-1])
+    assert error.endswith("…")
+    assert "2 jobs;" in text
+    assert "; 1 job without a report" in text
+    one = render_fleet(fleet_report(["/jobs"], [job]), width=200)
+    assert "1 job;" in one
+    assert "jobs" not in one.replace("/jobs", "")

@@ -239,11 +239,17 @@ def test_a_fit_without_the_wrapped_dataset_says_its_data_wait_was_not_measured(t
     from gpuidle.report.common import RenderOptions
     from gpuidle.report.terminal import TerminalRenderer
 
-    cb = GpuidleCallback(tmp_path, ledger=False, log=lambda line: None)
+    logged: list[str] = []
+    cb = GpuidleCallback(tmp_path, ledger=False, every=4, log_every=4, log=logged.append)
     model(1).fit(data(SLEEP_S), epochs=1, callbacks=[cb], verbose=0)
     report = cb.report
     assert report is not None
     assert report.ranks[0].unmeasured == ["data_loading"]
+    steps = [line for line in logged if line.startswith("step ")]
+    assert steps  # every log line says what it does not know, and gives no busy share for it
+    assert all("busy and data wait not measured" in line and " %" not in line for line in steps), steps
+    row = next(line for line in logged if line.split()[:1] == ["0"])
+    assert row.split()[3:5] == ["n/m", "n/m"], row
     first = report.recommendations[0]
     assert first.id == "measure_data_loading"
     assert "callback.dataset(" in first.fix
@@ -253,6 +259,8 @@ def test_a_fit_without_the_wrapped_dataset_says_its_data_wait_was_not_measured(t
     at = next(i for i, line in enumerate(lines) if line.startswith("rank 0 · device"))
     headline = " ".join(lines[at:at + 3])  # the device, its idle, and what was not measured
     assert "data_loading not measured" in headline
+    assert "utilization not measured" in headline
+    assert f"utilization {report.ranks[0].primary().utilization * 100:.1f} %" not in text
     assert "No fix stands out" not in text
     from gpuidle.api import analyze_tracker
 

@@ -16,7 +16,8 @@ from gpuidle.cli import main
 from gpuidle.errors import GpuidleError
 from gpuidle.probes import loader, loader_choice, loader_measure
 from gpuidle.probes.loader_measure import LoaderConfig, LoaderPoint
-from gpuidle.report.bench import render
+from gpuidle.report.bench import render, render_loader
+from gpuidle.report.common import RenderOptions
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"
 
@@ -68,6 +69,8 @@ def test_the_result_recommends_and_renders(sweep: loader.LoaderResult) -> None:
     assert "batches/s vs num_workers" in text
     assert "█" in text
     assert json.loads(render(sweep, fmt="json"))["schema"] == "gpuidle.bench.loader/1"
+    narrow = render_loader(sweep, RenderOptions(width=60))  # the setting to paste is one line, whole, at any width
+    assert f"  {sweep.snippet}" in narrow.splitlines()
 
 
 def _point(workers: int, rate: float, over: bool = False, prefetch: int | None = None) -> LoaderPoint:

@@ -10,6 +10,8 @@ import msgspec
 import numpy as np
 import pytest
 
+from conftest import DATA
+from gpuidle import api
 from gpuidle.advice.utilization import build_report, recommend
 from gpuidle.analysis.counters import UtilOptions, headroom_factor, periodic_drops, runs_below, sample_weights
 from gpuidle.analysis.utilization import analyze
@@ -358,3 +360,23 @@ def test_idle_column_says_periods_and_their_total() -> None:
     text = UtilTerminalRenderer().render(build_report(s, analyze(s)), RenderOptions(width=200))
     assert f"{truth['drops']} periods, {truth['idle_s']:.1f} s in all" in text   # 6 periods totalling 18 s
     assert "6× 18.0 s" not in text
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_the_device_table_leaves_columns_out_rather_than_cut_a_figure(width: int) -> None:
+    """At any width every header and figure of the device table is whole: columns are left out, and named."""
+    from gpuidle.report.common import RenderOptions
+    from gpuidle.report.utilization import UtilTerminalRenderer
+
+    report = api.summarize_log(DATA / "smi" / "query_gpu_units.csv")
+    text = UtilTerminalRenderer().render(report, RenderOptions(width=width))
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("device "))
+    head, rows = lines[at], lines[at + 1:at + 1 + len(report.devices)]
+    assert "…" not in "\n".join([head, *rows])
+    assert max(len(line) for line in [head, *rows]) <= width
+    assert head.split()[:3] == ["device", "mean", "median"]
+    for d, row in zip(report.devices, rows, strict=True):
+        cells = [c for c in row.split() if not set(c) <= set("█░")]  # the bar, where shown
+        assert cells[:5] == [str(d.device), f"{d.mean_util_pct:.1f}", "%", f"{d.median_util_pct:.1f}", "%"]
+    assert ("not shown at" in text) == (width < 120)

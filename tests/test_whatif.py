@@ -212,7 +212,7 @@ def test_mixed_precision_fits_the_device(gpu: str, tmp_path: Path) -> None:
     assert amp.gain.utilization_after == pytest.approx(350 / 750)
     assert amp.gain.utilization_before == pytest.approx(600 / 1000)
     assert amp.gain.reason is not None
-    assert amp.gain.reason.startswith("utilization falls")
+    assert amp.gain.reason.startswith("utilization over the steady steps falls")
 
 
 def test_no_tensor_core_claim_on_pascal(tmp_path: Path) -> None:

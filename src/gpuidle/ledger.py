@@ -118,11 +118,12 @@ class Facts(TypedDict, total=False):
 
 
 def analysis_facts(report: AnalysisReport) -> Facts:
-    """What the ledger keeps beside an analysis: GPU model and count, utilization and step time."""
+    """What the ledger keeps beside an analysis: GPU model, the GPUs with work, utilization and the steady step,
+    each as ``analyze`` shows it (:mod:`gpuidle.analysis.figures`)."""
     from gpuidle.analysis import compare as comparison
 
     summary = comparison.summarize(report)
-    return Facts(gpu_model=summary.gpu_model, gpu_count=summary.world_size, utilization=summary.utilization,
+    return Facts(gpu_model=summary.gpu_model, gpu_count=summary.gpus, utilization=summary.utilization,
                  step_s=summary.step_s)
 
 

@@ -11,6 +11,7 @@ import math
 
 import msgspec
 
+from gpuidle.analysis import figures
 from gpuidle.errors import GpuidleError
 from gpuidle.model import AnalysisReport, CalcLine, CostResult
 
@@ -268,18 +269,24 @@ def cost_from_report(report: AnalysisReport, price_per_gpu_hour: float | None = 
                      target: float | None = TARGET_UTILIZATION, gpus: int | None = None) -> CostResult:
     """The cost of a traced job per ``hours`` of training.
 
-    Utilization is the mean over ranks of each rank's training device; GPUs are the job's
-    world size, else the ranks in the report (one GPU each).
+    Utilization is the mean over ranks of each rank's training device; GPUs are those with work in the
+    analysed window (:func:`gpuidle.analysis.figures.gpus`), as every command counts them.
     """
     if not report.ranks:
         raise GpuidleError("the report has no ranks")
-    u = report.utilization()
-    n = gpus or (report.job.world_size if report.job and report.job.world_size else None) \
-        or max((r.world_size or 0) for r in report.ranks) or len(report.ranks)
+    u = figures.utilization(report)
+    if u is None:
+        raise GpuidleError(f"the run's utilization was not measured ({', '.join(figures.unmeasured(report))} counts "
+                           "as busy): no cost can be taken from it",
+                           "price it with --gpus, --hours and --utilization instead of --from")
+    n = gpus or figures.gpus(report)
     result = cost(n, hours, min(max(u, 0.0), 1.0), price_per_gpu_hour, target if target and u > 0 else None)
+    world = figures.world_size(report)
+    part = [f"the traces are {len(report.ranks)} of the job's {world} ranks: to price the whole job, "
+            f"gpuidle cost --from REPORT --gpus N"] if not gpus and world > len(report.ranks) else []
     return msgspec.structs.replace(result, notes=[
         *result.notes, f"utilization {u:.1%}: mean over {_count(len(report.ranks), 'traced rank')}; "
-                       f"{_count(n, 'GPU')}"])
+                       f"{_count(n, 'GPU')}{'' if gpus else ' with work in the window'}", *part])
 
 
 def _count(n: int, noun: str) -> str:

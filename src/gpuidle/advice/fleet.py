@@ -1,9 +1,9 @@
 """The fleet roll-up: each job's GPUs, utilization and GPU-hours idle by cause, and the fleet's totals.
 
 The figures are those of the cost of one job (``advice.calc.cost_from_report``), split by cause:
-GPUs are the job's world size (else its traced ranks), utilization the mean over its traced ranks of
-each rank's training device, and a cause's GPU-hours ``GPUs × hours × share``, where ``share`` is the
-mean over the ranks of that device's idle time for the cause over its window. The causes add up to
+GPUs are those with work in the analysed window (``analysis.figures.gpus``), utilization the mean over
+its traced ranks of each rank's training device, and a cause's GPU-hours ``GPUs × hours × share``, where
+``share`` is the mean over the ranks of that device's idle time for the cause over its window. The causes add up to
 ``GPUs × hours × (1 − utilization)``, the job's wasted GPU-hours.
 """
 
@@ -11,26 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpuidle.analysis import figures
 from gpuidle.model import CAUSES, AnalysisReport, FleetJob, FleetReport
-
-
-def job_gpus(report: AnalysisReport) -> int:
-    """The job's world size, else its traced ranks (one GPU each)."""
-    return (report.job.world_size if report.job and report.job.world_size else None) \
-        or max((r.world_size or 0) for r in report.ranks) or len(report.ranks)
 
 
 def fleet_job(name: str, path: str, report: AnalysisReport, hours: float = 1.0) -> FleetJob:
     """One job's row: GPU-hours idle per cause per ``hours`` of training, and its top fix."""
     devices = [r.primary() for r in report.ranks]
-    gpus = job_gpus(report)
+    gpus, utilization = figures.gpus(report), figures.utilization(report)
+    if utilization is None:
+        return FleetJob(name=name, path=path, error=f"utilization not measured "
+                        f"({', '.join(figures.unmeasured(report))} counts as busy)")
     # shares of the window, which leaves start-up out: a one-time cost (context creation, module loading) does
     # not recur per hour of training, and is in no cause
     shares = {c.value: sum(d.idle_by_cause_s.get(c.value, 0.0) / d.window_s for d in devices if d.window_s > 0)
               / len(devices) for c in CAUSES}
     by_cause = {c: gpus * hours * share for c, share in shares.items()}
     return FleetJob(
-        name=name, path=path, gpus=gpus, utilization=report.utilization(),
+        name=name, path=path, gpus=gpus, utilization=utilization,
         idle_gpu_hours_by_cause=by_cause, idle_gpu_hours=sum(by_cause.values()),
         top_fix=report.recommendations[0].title if report.recommendations else None,
         skipped=list(report.source.skipped),

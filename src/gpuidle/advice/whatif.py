@@ -425,7 +425,7 @@ def _set_gain(p: Proposal, model: Model, t0: float, u0: float, saved: tuple[floa
     elif util < u0 - UTILIZATION_TOLERANCE:
         r, cause, sec = model.limit(mine)
         was, now = _distinct_percents(u0, util)
-        reason = (f"utilization falls from {was} % to {now} %: "
+        reason = (f"utilization over the steady steps falls from {was} % to {now} %: "
                   "the step gets shorter, the idle stays"
                   + (f" ({cause} {sec * 1e3:.2f} ms/step is next)" if sec > 0 else ""))
     is_modelled = _is_modelled(p)

@@ -1,22 +1,21 @@
 """Before and after: two analysis reports in, a typed :class:`~gpuidle.model.Comparison` out.
 
 A run is summarised per step, not per window: two profiles rarely cover the same number
-of steps, but a step is the unit of work that must get faster. Utilization is busy over
-window, summed over the primary device of every rank; the step time is the median and idle by
-cause the mean over every step of every rank.
+of steps, but a step is the unit of work that must get faster. Every figure is the one
+``analyze`` shows (:mod:`gpuidle.analysis.figures`): the steady step, idle per steady step by
+cause, the GPUs with work, utilization; the steps left out are named.
 
 Two runs are *not comparable* when the work per step changed under them: another GPU
-model, another world size, or another batch size (when both runs record one). The
+model, another GPU count or world size, or another batch size (when both runs record one). The
 comparison is still computed, and says so.
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
+from gpuidle.analysis import figures
 from gpuidle.model import (
-    CAUSES,
     AnalysisReport,
     Comparison,
     CostDelta,
@@ -44,39 +43,22 @@ def gpu_model(report: AnalysisReport) -> str | None:
     return ", ".join(names) if names else None
 
 
-def world_size(report: AnalysisReport) -> int:
-    """GPUs in the job: as recorded by the traces, else one per rank found."""
-    if report.job is not None and report.job.world_size:
-        return report.job.world_size
-    recorded = [r.world_size for r in report.ranks if r.world_size]
-    return max(recorded) if recorded else len(report.ranks)
-
-
-def median_step_s(report: AnalysisReport) -> float:
-    """The median step time over all ranks' steps (a rank without steps counts its window as one step).
-
-    The median, as the tracker reports it: one slow step (a checkpoint, the first) does not move it.
-    """
-    durations = [d for r in report.ranks for d in ([s.dur_s for s in r.steps] or [r.primary().window_s])]
-    return statistics.median(durations) if durations else 0.0
-
-
 def summarize(report: AnalysisReport, info: RunInfo | None = None) -> RunSummary:
     """The per-step figures of one run."""
     info = info or RunInfo()
-    primaries = [r.primary() for r in report.ranks]
-    steps = sum(max(len(r.steps), 1) for r in report.ranks)
+    idle = figures.idle_by_cause_s(report)
     return RunSummary(
         ref=info.ref, label=info.label,
         gpu_model=info.gpu_model or gpu_model(report),
-        world_size=world_size(report), batch_size=info.batch_size,
-        ranks=len(report.ranks), steps=steps,
-        utilization=report.utilization(),
-        step_s=median_step_s(report),
-        idle_s=sum(d.idle_s for d in primaries) / steps,
-        idle_by_cause_s={c.value: sum(d.idle_by_cause_s.get(c.value, 0.0) for d in primaries) / steps
-                         for c in CAUSES},
+        world_size=figures.world_size(report), batch_size=info.batch_size,
+        ranks=len(report.ranks), steps=figures.steps(report),
+        utilization=figures.utilization(report),
+        step_s=figures.step_s(report),
+        idle_s=sum(idle.values()),
+        idle_by_cause_s=idle,
         recommendations=[r.id for r in report.recommendations],
+        gpus=figures.gpus(report), excluded_steps=figures.excluded_steps(report),
+        not_measured=figures.unmeasured(report),
     )
 
 
@@ -93,7 +75,9 @@ def compare(
     differences: list[str] = []
     if a.gpu_model and b.gpu_model and a.gpu_model != b.gpu_model:
         differences.append(f"GPU model differs: {a.gpu_model} vs {b.gpu_model}")
-    if a.world_size != b.world_size:
+    if a.gpus != b.gpus:
+        differences.append(f"GPUs differ: {a.gpus} vs {b.gpus}")
+    elif a.world_size != b.world_size:
         differences.append(f"world size differs: {a.world_size} vs {b.world_size} GPUs")
     if a.batch_size is not None and b.batch_size is not None and a.batch_size != b.batch_size:
         differences.append(f"batch size differs: {a.batch_size} vs {b.batch_size}")
@@ -105,11 +89,17 @@ def compare(
     if kinds[0] != kinds[1]:
         notes.append(f"the windows were found differently: {', '.join(sorted(kinds[0]))} vs "
                       f"{', '.join(sorted(kinds[1]))}")
+    for side, s in (("before", a), ("after", b)):
+        if s.not_measured:
+            notes.append(f"{side}: utilization not measured ({', '.join(s.not_measured)} counts as busy)")
+        if s.excluded_steps:
+            notes.append(f"{side}: left out of the per-step figures, as analyze leaves them out: "
+                         f"{'; '.join(s.excluded_steps)}")
     if a.ranks != b.ranks:
         notes.append(f"{a.ranks} rank(s) analysed before, {b.ranks} after")
     return Comparison(
         before=a, after=b, comparable=not differences, differences=differences, notes=notes,
-        utilization_delta=b.utilization - a.utilization,
+        utilization_delta=None if a.utilization is None or b.utilization is None else b.utilization - a.utilization,
         step_s_delta=b.step_s - a.step_s,
         speedup=a.step_s / b.step_s if b.step_s > 0 else None,
         idle_by_cause_delta_s={c: b.idle_by_cause_s[c] - a.idle_by_cause_s[c] for c in a.idle_by_cause_s},
@@ -140,6 +130,6 @@ def _cost(a: RunSummary, b: RunSummary, price: float, steps: int | None) -> Cost
     n = steps or DEFAULT_PRICED_STEPS
 
     def cost(s: RunSummary) -> float:
-        return s.step_s * n * s.world_size * price / 3600.0
+        return s.step_s * n * s.gpus * price / 3600.0
 
     return CostDelta(price_per_gpu_hour=price, steps=n, before=cost(a), after=cost(b), saved=cost(a) - cost(b))

@@ -117,8 +117,14 @@ def run(args: argparse.Namespace) -> int:
     outputs = {"--out": args.out, "--html": args.html, "--annotate": args.annotate}
     refuse_overwriting_inputs(args.paths, outputs)
     with _progress(args.paths, not args.no_progress) as progress:
-        jobs = api.analyze_jobs(args.paths, workers=args.workers, progress=progress, warn=warn,
-                                include_warmup=args.include_warmup, scheduler=args.scheduler)
+        try:
+            jobs = api.analyze_jobs(args.paths, workers=args.workers, progress=progress, warn=warn,
+                                    include_warmup=args.include_warmup, scheduler=args.scheduler)
+        except GpuidleError:
+            if len(args.paths) == 1 and _counter_log(args.paths[0]):
+                raise GpuidleError(f"{args.paths[0]}: a GPU counter log (nvidia-smi, dmon, DCGM or Prometheus), "
+                                   "not a profiler trace", f"gpuidle summarize {args.paths[0]} reads it") from None
+            raise
     if jobs.fleet:
         from gpuidle.cli.fleet import report_fleet
 
@@ -130,6 +136,23 @@ def run(args: argparse.Namespace) -> int:
     report = jobs.results[0].report
     assert report is not None  # one job alone raises rather than return no report
     return _report_job(args, report, fmt, jobs.results[0].analyses)
+
+
+COUNTER_LOG_MAX_BYTES = 64 << 20
+"""A file refused as a trace is tried as a counter log only up to this size: the try reads it whole."""
+
+
+def _counter_log(path: str) -> bool:
+    """Whether ``path`` is a GPU counter log (nvidia-smi CSV or dmon, DCGM, gpuidle's JSONL) that summarize reads."""
+    from gpuidle import api
+
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > COUNTER_LOG_MAX_BYTES:
+            return False
+        api.summarize_log(path)
+    except Exception:  # any failure to read it as a log: the trace's own error stands, never a traceback
+        return False
+    return True
 
 
 def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,

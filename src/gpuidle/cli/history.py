@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ from rich.table import Table
 from gpuidle import api, ledger
 from gpuidle.analysis import compare as comparison
 from gpuidle.cli.common import (
+    PIPED_WIDTH,
     Parser,
     add_ledger_option,
     emit,
@@ -21,10 +23,12 @@ from gpuidle.cli.common import (
     positive_int,
     refuse_overwriting_inputs,
     render_options,
+    terminal_columns,
 )
+from gpuidle.model import RunSummary
 from gpuidle.report import html
 from gpuidle.report.common import ms, pct
-from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for
+from gpuidle.report.compare_text import COMPARE_RENDERERS, compare_renderer_for, gpu_count_words
 from gpuidle.report.text import printable
 
 
@@ -67,16 +71,36 @@ def _of_kind(kind: str, wanted: str) -> bool:
     return kind == wanted or kind.startswith(wanted + " ")
 
 
-def _gpus(r: ledger.Run) -> str:
-    """GPUs of the run; for a trace folder, the ranks found of the job's world size ("2 of 128")."""
-    if r.kind in ledger.ANALYSIS_KINDS:
-        try:
-            summary = comparison.summarize(r.analysis())
-        except ledger.LedgerError:
-            summary = None
-        if summary is not None and summary.ranks != summary.world_size:
-            return f"{summary.ranks} of {summary.world_size}"
+def _summary(r: ledger.Run) -> RunSummary | None:
+    """An analysis record's figures as compare gives them; None for other kinds and unreadable reports."""
+    if r.kind not in ledger.ANALYSIS_KINDS:
+        return None
+    try:
+        return comparison.summarize(r.analysis())
+    except ledger.LedgerError:
+        return None
+
+
+def _gpus(r: ledger.Run, summary: RunSummary | None) -> str:
+    """GPUs with work in the run; for a trace folder, of the job's world size ("2 of 128"), as compare says it."""
+    if summary is not None:
+        return gpu_count_words(summary)
     return str(r.gpu_count) if r.gpu_count else ""
+
+
+def _as_analyze_shows_it(r: ledger.Run, summary: RunSummary | None) -> ledger.Run:
+    """An analysis record with its figures as analyze and compare give them today, from the report it keeps: a
+    record written before they were one figure (a median step, one GPU for an 8-GPU profile) reads the same."""
+    if summary is None:
+        return r
+    return dataclasses.replace(r, step_s=summary.step_s, utilization=summary.utilization, gpu_count=summary.gpus)
+
+
+def _utilization(r: ledger.Run, summary: RunSummary | None) -> str:
+    """The recorded utilization; ``not measured`` for an analysis whose busy time holds an unmeasured wait."""
+    if summary is not None and summary.utilization is None:
+        return "not measured"
+    return "" if r.utilization is None else pct(r.utilization)
 
 
 def run_history(args: argparse.Namespace) -> int:
@@ -87,6 +111,8 @@ def run_history(args: argparse.Namespace) -> int:
         with ledger.Ledger.for_reading(path) as book:
             runs = book.runs(limit=args.limit) if args.kind is None else \
                 [r for r in book.runs() if _of_kind(r.kind, args.kind)][:args.limit]
+    summaries = [_summary(r) for r in runs]  # each kept report read once
+    runs = [_as_analyze_shows_it(r, s) for r, s in zip(runs, summaries, strict=True)]
     if args.json:
         rows = [{k: v for k, v in msgspec.to_builtins(r).items() if k != "report"} for r in runs]
         emit(msgspec.json.format(msgspec.json.encode(rows).decode(), indent=2) + "\n", None)
@@ -94,20 +120,58 @@ def run_history(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs recorded in {path} yet (gpuidle analyze, run, summarize and bench record them)")
         return 0
-    console = Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 160)
+    console = Console(file=sys.stdout, highlight=False, width=terminal_columns(PIPED_WIDTH))
+    rows = [_row(r, s) for r, s in zip(runs, summaries, strict=True)]
+    columns = list(COLUMNS)
+    while _width(columns, rows) > console.width and (drop := [c for c in NARROW_DROPS if c in columns]):
+        columns.remove(drop[0])
+    t = _table(path, columns, rows)
+    console.print(t)
+    if len(columns) < len(COLUMNS):
+        left = ", ".join(c for c in COLUMNS if c not in columns)
+        console.print(f"(not shown at {console.width} columns: {left}; history --json has every field)",
+                      style="bright_black")
+    return 0
+
+
+COLUMNS = ("id", "when", "kind", "label", "GPUs", "util", "steady step", "left out", "commit", "inputs")
+NARROW_DROPS = ("inputs", "commit", "when", "kind", "left out")
+"""The columns a narrow terminal goes without, first to last: never the run, its figures or its label."""
+
+
+def _row(r: ledger.Run, summary: RunSummary | None) -> dict[str, str]:
+    count = _gpus(r, summary)
+    gpus = f"{count or '?'} × {r.gpu_model}" if r.gpu_model else count
+    commit = (r.git_commit[:10] + ("*" if r.git_dirty else "")) if r.git_commit else ""
+    left_out = "; ".join(summary.excluded_steps) if summary is not None else ""
+    return {"id": str(r.id), "when": _when(r.created), "kind": printable(r.kind), "label": printable(r.label or ""),
+            "GPUs": printable(gpus), "util": _utilization(r, summary),
+            "steady step": "" if r.step_s is None else ms(r.step_s), "left out": printable(left_out),
+            "commit": commit, "inputs": str(len(r.inputs))}
+
+
+WORDS = ("GPUs", "left out")
+"""Columns that wrap at spaces; the others (ids, labels one types into compare, times, figures) are never broken."""
+WORDS_MIN = 14
+"""The least width a wrapping column is given before a column is left out."""
+
+
+def _width(columns: list[str], rows: list[dict[str, str]]) -> int:
+    """The table's width with each column whole, or wrapped to :data:`WORDS_MIN` where it may wrap."""
+    whole = [max([len(c), *(len(row[c]) for row in rows)]) for c in columns]
+    return sum(min(w, WORDS_MIN) if c in WORDS else w for c, w in zip(columns, whole, strict=True)) \
+        + 2 * (len(columns) - 1)
+
+
+def _table(path: Path, columns: list[str], rows: list[dict[str, str]]) -> Table:
     t = Table(box=None, header_style="bold", pad_edge=False, title=str(path), title_justify="left",
               title_style="bright_black")
-    for col in ("id", "when", "kind", "label", "GPUs", "util", "median step", "commit", "inputs"):
-        t.add_column(col, justify="right" if col in ("id", "util", "median step") else "left")
-    for r in runs:
-        count = _gpus(r)
-        gpus = f"{count or '?'} × {r.gpu_model}" if r.gpu_model else count
-        commit = (r.git_commit[:10] + ("*" if r.git_dirty else "")) if r.git_commit else ""
-        t.add_row(str(r.id), _when(r.created), printable(r.kind), printable(r.label or ""), printable(gpus),
-                  "" if r.utilization is None else pct(r.utilization), "" if r.step_s is None else ms(r.step_s),
-                  commit, str(len(r.inputs)))
-    console.print(t)
-    return 0
+    for col in columns:
+        t.add_column(col, justify="right" if col in ("id", "util", "steady step") else "left",
+                     no_wrap=col not in WORDS)
+    for row in rows:
+        t.add_row(*(row[c] for c in columns))
+    return t
 
 
 def run_compare(args: argparse.Namespace) -> int:

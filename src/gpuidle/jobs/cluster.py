@@ -5,8 +5,9 @@ file itself (a shared filesystem path or an fsspec URL), and only the compact pe
 A worker that dies mid-task is Dask's to handle: the scheduler reschedules the task, up to its
 ``distributed.scheduler.allowed-failures``. A file given up that way is tried once more, alone (on a
 crowded worker it may only have shared the fate of the file that kills workers); failing again, it
-comes back as that file's one-line error. The client never waits without bound: connecting gives up after
-:data:`CONNECT_TIMEOUT_S`, and ranks still pending when the cluster has had no worker for
+comes back as that file's one-line error. The client never waits without bound: an address where no
+scheduler answers is refused by a first look with a deadline (:mod:`gpuidle.jobs.probe`), connecting gives up
+after :data:`CONNECT_TIMEOUT_S`, and ranks still pending when the cluster has had no worker for
 :data:`NO_WORKER_TIMEOUT_S` are reported as lost.
 """
 
@@ -21,14 +22,13 @@ from typing import Any
 
 from gpuidle.errors import GpuidleError
 from gpuidle.jobs.contract import Progress, ordered
+from gpuidle.jobs.probe import not_a_scheduler
 from gpuidle.jobs.rank import RankOutcome, analyze_file, failed
 
 CONNECT_TIMEOUT_S = 10.0
 """How long the client tries to reach the scheduler before saying it cannot."""
 NO_WORKER_TIMEOUT_S = 60.0
 """How long the client waits for a cluster without workers (none yet, or all gone) before giving up."""
-PROBE_S = 1.0
-"""How long the first look at a scheduler's port may take before Dask's own connection (and timeout) takes over."""
 POLL_S = 1.0
 """How often the client looks at the cluster while no result arrives."""
 
@@ -71,8 +71,8 @@ class DaskCluster:
         except ImportError:
             raise GpuidleError("running on a Dask cluster needs distributed, which is not installed",
                                _INSTALL) from None
-        refused = _refused(self.address)
-        if refused is not None:  # Dask would retry a refused connection until its timeout
+        refused = not_a_scheduler(self.address)
+        if refused is not None:  # Dask would retry a refused connection, or wait on a server that is not Dask's
             raise GpuidleError(f"cannot reach the Dask scheduler at {self.address}: {refused}",
                                "start it (dask scheduler) or give its address with --scheduler or "
                                "DASK_SCHEDULER_ADDRESS")
@@ -159,26 +159,3 @@ def _quiet_logs() -> Iterator[None]:
     finally:
         log.setLevel(level)
 
-
-def _refused(address: str) -> str | None:
-    """Why nothing listens at a TCP scheduler address (``tcp://`` or ``tls://``, or a bare host:port), said at
-    once; None where something answers, the host does not (Dask's own timeout then applies), or the address
-    is of another kind."""
-    import socket
-
-    scheme, _, rest = address.rpartition("://")
-    if scheme not in ("", "tcp", "tls"):
-        return None
-    host, _, port = rest.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit():
-        return None
-    try:
-        with socket.create_connection((host, int(port)), timeout=PROBE_S):
-            return None
-    except ConnectionRefusedError:
-        return "connection refused (nothing listens there)"
-    except socket.gaierror as err:
-        return f"unknown host {host!r} ({err.strerror})"
-    except OSError:  # unreachable or slow: Dask's own timeout and message
-        return None

@@ -90,7 +90,8 @@ def _dedupe_ranks(
     analyses: list[RankAnalysis], warn: Callable[[str], None] | None,
 ) -> tuple[list[RankAnalysis], list[int]]:
     """One file per rank: where several hold the same rank (a log folder keeping every run of a worker), the
-    newest run, by the time its trace begins; one line says which was taken and how many were left out."""
+    newest run, by the time its trace begins; one line, on stderr and in the kept rank's notes, says which was taken
+    and how many were left out."""
     by_rank: dict[int, list[RankAnalysis]] = {}
     for a in analyses:
         by_rank.setdefault(a.report.rank, []).append(a)
@@ -102,7 +103,9 @@ def _dedupe_ranks(
         kept.append(newest)
         if len(runs) > 1:
             duplicates.append(rank)
+            said = (f"rank {rank} is in {len(runs)} files (runs of the same rank): the newest, {newest.report.path}, "
+                    f"is analysed and the other {len(runs) - 1} left out (give one file to analyse another run)")
+            newest.report.notes.append(said)  # in the report itself: its JSON, every renderer, the ledger's record
             if warn:
-                warn(f"rank {rank} is in {len(runs)} files (runs of the same rank): the newest, {newest.report.path}, "
-                     f"is analysed and the other {len(runs) - 1} left out (give one file to analyse another run)")
+                warn(said)
     return kept, duplicates

@@ -17,20 +17,27 @@ class RunSummary(msgspec.Struct):
     label: str | None
     gpu_model: str | None
     world_size: int
+    """The job's ranks as the traces record them (a folder may hold a part of a job)."""
     batch_size: int | None
     ranks: int
     steps: int
-    """Steps analysed, summed over ranks."""
-    utilization: float
-    """Busy / window over the primary device of every rank."""
+    """Steady steps the per-step figures are the mean of, summed over ranks."""
+    utilization: float | None
+    """Busy / window over the primary device of every rank; None where not measured (``not_measured`` says what)."""
     step_s: float
-    """Median step time over all ranks' steps (as the tracker reports it)."""
+    """The steady step: the slowest rank's mean over its steady steps, as ``analyze`` shows it."""
     idle_s: float
-    """Mean idle time per step."""
+    """Idle per steady step."""
     idle_by_cause_s: dict[str, float]
-    """Mean idle time per step, by cause."""
+    """Idle per steady step, by cause."""
     recommendations: list[str]
     """Recommendation ids, largest gain first."""
+    gpus: int = 0
+    """GPUs with work in the analysed window, over the traced ranks (``analysis.figures.gpus``)."""
+    excluded_steps: list[str] = []
+    """The steps left out of the per-step figures, by reason (``warmup: step 0``)."""
+    not_measured: list[str] = []
+    """What the run's busy time holds unmeasured (``data_loading``: a Keras fit without ``callback.dataset()``)."""
 
 
 class RecommendationChange(msgspec.Struct):
@@ -45,7 +52,7 @@ class RecommendationChange(msgspec.Struct):
 
 
 class CostDelta(msgspec.Struct):
-    """What the step-time change is worth: ``step_s * steps * GPUs * price / 3600``."""
+    """What the step-time change is worth: ``step_s * steps * GPUs * price / 3600``, GPUs those with work."""
 
     price_per_gpu_hour: float
     steps: int
@@ -65,7 +72,8 @@ class Comparison(JsonStruct, kw_only=True):
     """Why the runs are not comparable: GPU model, world size or batch differs."""
     notes: list[str]
     """Differences worth knowing that do not make the numbers meaningless."""
-    utilization_delta: float
+    utilization_delta: float | None
+    """None where either run's utilization was not measured."""
     step_s_delta: float
     speedup: float | None
     """``before.step_s / after.step_s``."""

@@ -15,7 +15,8 @@ class FleetJob(msgspec.Struct, kw_only=True):
     name: str
     path: str
     gpus: int = 0
-    """The job's world size, else its traced ranks (one GPU each), as for the cost of one job."""
+    """The GPUs with work in the analysed window over the job's traced ranks (``analysis.figures.gpus``), as for
+    the cost of one job."""
     utilization: float | None = None
     """Mean over the traced ranks of each rank's training-device utilization."""
     idle_gpu_hours_by_cause: dict[str, float] = {}

@@ -52,6 +52,10 @@ OPTIMISTIC = 0.5
 LISTING_SHARE = 0.25
 """At most this share of the budget goes to listing the folder."""
 PHASES = ("files", "sequential", "random")
+RATE_MIN_COUNT = 10
+"""Files (files/s) or reads (IOPS, MB/s) a phase must make for its rate to be given."""
+RATE_MIN_BYTES = MIB
+"""Bytes read that time MB/s well enough from fewer reads (one 4 MiB read of a large file)."""
 
 Clock = Callable[[], float]
 Progress = Callable[[str, int, int], None]
@@ -283,13 +287,17 @@ class _Reader:
             self.known_bytes += got
 
     def phase(self) -> Phase | None:
+        """The phase's figures; a rate only from enough of what it counts (:data:`RATE_MIN_COUNT` files or reads,
+        :data:`RATE_MIN_BYTES` for MB/s), else None: one 458-byte read is no files/s."""
         if self.reads == 0:
             return None
         s = self.seconds or 1e-9
-        return Phase(self.name, self.seconds, self.bytes, self.files, self.reads, self.bytes / s / 1e6,
-                     self.files / s if self.name == "files" else None,
-                     self.reads / s if self.name == "random" else None, self.block, self.bytes // self.reads,
-                     self.cached_bytes / self.known_bytes if self.known_bytes else None)
+        enough = self.reads >= RATE_MIN_COUNT
+        return Phase(self.name, self.seconds, self.bytes, self.files, self.reads,
+                     self.bytes / s / 1e6 if enough or self.bytes >= RATE_MIN_BYTES else None,
+                     self.files / s if self.name == "files" and self.files >= RATE_MIN_COUNT else None,
+                     self.reads / s if self.name == "random" and enough else None, self.block,
+                     self.bytes // self.reads, self.cached_bytes / self.known_bytes if self.known_bytes else None)
 
 
 def _phase_files(files: list[tuple[str, int]], rng: random.Random, mc: _Mincore, budget: float, block: int,
@@ -406,7 +414,8 @@ def storage_advice(listing: Listing, phases: list[Phase], cached: float | None, 
                          f"({human_bytes(ram)} RAM): every epoch reads from storage")
     if not complete:
         notes.append(f"listing stopped after {listing.files:,} files: sizes are those of the files listed")
-    reads = [p.reads for p in phases]
-    if reads and min(reads) < 10:
-        notes.append("few reads in some phase: give a larger --budget-s for steadier figures")
+    few = [p.name for p in phases if p.reads < RATE_MIN_COUNT]
+    if few:
+        notes.append(f"too few reads for a rate in {', '.join(few)} (under {RATE_MIN_COUNT}): '-' in the table; a "
+                     "larger --budget-s or more files of that kind give one")
     return advice, notes

@@ -24,6 +24,7 @@ from gpuidle.probes.loader import LoaderResult
 from gpuidle.probes.loader_measure import LoaderConfig
 from gpuidle.probes.net import NetResult
 from gpuidle.probes.storage import StorageResult
+from gpuidle.report.code import code_block
 from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report
 
 BAR = 40
@@ -223,7 +224,8 @@ def render_loader(r: LoaderResult, options: RenderOptions = DEFAULT_OPTIONS) -> 
                  None: "the fewest workers within noise of the best"}
         c.print(Text(f"recommended: {_cfg(r.recommended)} — {_f(r.recommended_batches_per_s, '.1f')} batches/s, "
                      f"{reach[r.reaches_target]}", style="bold green" if r.reaches_target is not False else "bold"))
-        c.print(Text(f"  {r.snippet}", style="cyan"))
+        if r.snippet:
+            c.print(code_block(r.snippet, 2), crop=False)
     _notes(c, r.warnings, "yellow", "warning")
     _notes(c, r.notes)
     return buf.getvalue()

@@ -9,13 +9,18 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gpuidle.advice.hardware import hardware
 from gpuidle.advice.whatif import UTILIZATION_TOLERANCE
+from gpuidle.analysis import figures
 from gpuidle.model import (
     DIMENSION_WORDS,
     SHAPE,
+    AnalysisReport,
     Combined,
     CommRole,
+    DeviceReport,
     Gain,
+    KernelFacts,
     MeshDim,
     RankReport,
     Recommendation,
@@ -220,6 +225,18 @@ STARTUP_SHOWN = 8
 """Start-up costs a text report lists one by one; the rest are counted (all of them are in the JSON)."""
 
 
+def run_words(report: AnalysisReport, sep: str = " · ") -> str:
+    """``8 GPUs · steady step 27.83 ms · idle 27.03 ms per steady step · utilization 2.9 %``: the run's figures as
+    history, compare, cost and the fleet table show them (:mod:`gpuidle.analysis.figures`); where the steps left
+    out move it, the utilization over the steady steps beside it, the one the fixes start from."""
+    gpus, util = figures.gpus(report), figures.utilization(report)
+    steady = pct(figures.steady_utilization(report))
+    said = (f"utilization not measured ({', '.join(figures.unmeasured(report))} counts as busy)" if util is None
+            else f"utilization {pct(util)}" + (f" ({steady} over the steady steps)" if steady != pct(util) else ""))
+    return sep.join([f"{gpus} GPU{'' if gpus == 1 else 's'} with work", f"steady step {ms(figures.step_s(report))}",
+                     f"idle {ms(figures.idle_s(report))} per steady step", said])
+
+
 def window_words(r: RankReport, sep: str = " · ") -> str:
     """``1 step(s) · 1,166.3 ms analysed (12,920.2 ms less 11,754.0 ms of start-up) · steps from ...``: the rank's
     window, where start-up was set apart the time the figures are over (``DeviceReport.window_s``), and where its
@@ -306,10 +323,47 @@ def exposed_words(exposed_s: float, communication_s: float, straggler_wait_s: fl
             f"{ms(communication_s)}, to straggler_wait {ms(straggler_wait_s)}")
 
 
+def smi_words(d: DeviceReport) -> str | None:
+    """``nvidia-smi would count 64.1 %``: the device's share with collectives counted as work, where it differs."""
+    smi = hardware(d).smi
+    if d.active_s <= d.busy_s or smi is None or not d.window_s:
+        return None
+    return f"{smi} would count {pct(d.active_s / d.window_s)}"
+
+
+def collectives_words(r: RankReport) -> str | None:
+    """``collectives: 336.0 ms on the device, ... · overlap 41.2 %``, where the rank ran collectives."""
+    c, d = r.communication, r.primary()
+    if c.comm_s <= 0:
+        return None
+    overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
+    exposed = exposed_words(c.exposed_s, d.idle_by_cause_s.get("communication", 0.0),
+                            d.idle_by_cause_s.get("straggler_wait", 0.0))
+    return f"collectives: {ms(c.comm_s)} on the device, {exposed} · overlap {overlap}"
+
+
+def kernel_words(k: KernelFacts) -> str | None:
+    """``kernels: 235 (1.7 % of kernel time in kernels < 10 µs) · ... · syncs/step 1.0 · .item()/step 0.0``."""
+    if k.count:
+        facts = f"kernels: {k.count} ({pct(k.short_kernel_share)} of kernel time in kernels < 10 µs)"
+        if k.reduced_precision_gemm_share is not None:
+            facts += f" · GEMM/conv in fp16/bf16 or on matrix units: {pct(k.reduced_precision_gemm_share)}"
+        return facts + f" · syncs/step {k.syncs_per_step:.1f} · .item()/step {k.item_calls_per_step:.1f}"
+    if k.syncs_per_step:  # step timing: no kernels seen, only the loop's syncs where the tracker timed them
+        return f"syncs/step {k.syncs_per_step:.1f}"
+    return None
+
+
 UNMEASURED_WORDS = {
     "data_loading": "data_loading not measured: its time counts as busy (see the first fix)",
     "host_activity": "host activity not recorded: the idle cannot be split by cause (see the first fix)",
 }
+
+
+def utilization_words(r: RankReport, d: DeviceReport) -> str:
+    """``99.9 %``, or ``not measured`` where the rank's busy time holds a wait it could not time."""
+    u = figures.device_utilization(r, d)
+    return "not measured" if u is None else pct(u)
 
 
 def unmeasured_words(r: RankReport) -> str | None:

@@ -26,6 +26,11 @@ def money(v: float) -> str:
     return f"{v:,.2f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"
 
 
+def util_words(share: float | None) -> str:
+    """A run's utilization, or ``not measured``."""
+    return "not measured" if share is None else pct(share)
+
+
 def _signed_ms(seconds: float) -> str:
     return ("+" if seconds > 0 else ("−" if seconds < 0 else "±")) + ms(abs(seconds))
 
@@ -34,8 +39,17 @@ def _signed_pts(share: float) -> str:
     return ("+" if share > 0 else ("−" if share < 0 else "±")) + f"{abs(share) * 100:.1f} pts"
 
 
+def gpu_count_words(s: RunSummary) -> str:
+    """The GPUs with work, and the part of the job traced where it is a part: ``8``, ``2 of 128``,
+    ``8 (1 of 2 ranks)``; history and compare both say it so."""
+    if s.ranks >= s.world_size:
+        return str(s.gpus)
+    return f"{s.gpus} of {s.world_size}" if s.gpus == s.ranks else f"{s.gpus} ({s.ranks} of {s.world_size} ranks)"
+
+
 def _gpus(s: RunSummary) -> str:
-    gpus = f"{s.world_size} × {s.gpu_model}" if s.gpu_model else f"{s.world_size} GPU(s)"
+    count = gpu_count_words(s)
+    gpus = f"{count} × {s.gpu_model}" if s.gpu_model else f"{count} GPU(s)"
     return gpus + (f", batch {s.batch_size}" if s.batch_size is not None else "")
 
 
@@ -50,9 +64,10 @@ def headline_rows(c: Comparison) -> list[tuple[str, str, str, str]]:
     a, b = c.before, c.after
     speed = "" if c.speedup is None else f" ({c.speedup:.2f}×)"
     rows = [
-        ("utilization", pct(a.utilization), pct(b.utilization), _signed_pts(c.utilization_delta)),
-        ("median step", ms(a.step_s), ms(b.step_s), _signed_ms(c.step_s_delta) + speed),
-        ("idle per step", ms(a.idle_s), ms(b.idle_s), _signed_ms(b.idle_s - a.idle_s)),
+        ("utilization", util_words(a.utilization), util_words(b.utilization),
+         "n/a" if c.utilization_delta is None else _signed_pts(c.utilization_delta)),
+        ("steady step", ms(a.step_s), ms(b.step_s), _signed_ms(c.step_s_delta) + speed),
+        ("idle per steady step", ms(a.idle_s), ms(b.idle_s), _signed_ms(b.idle_s - a.idle_s)),
     ]
     rows += [(f"  {k}", ms(a.idle_by_cause_s[k]), ms(b.idle_by_cause_s[k]), _signed_ms(v))
              for k, v in c.idle_by_cause_delta_s.items() if a.idle_by_cause_s[k] > 0 or b.idle_by_cause_s[k] > 0]

@@ -5,6 +5,8 @@ It prints the figures of :class:`~gpuidle.model.FleetReport` as they are; causes
 
 from __future__ import annotations
 
+import textwrap
+
 from gpuidle.model import CAUSES, FleetReport
 from gpuidle.report.text import printable
 
@@ -27,31 +29,31 @@ def _compact_table(fleet: FleetReport, width: int) -> str:
     for j in fleet.jobs:
         name = f"{printable(j.name):<{name_w}}"
         if j.error is not None:
-            lines.append(f"{name}  error: {printable(j.error)}"[:width])
+            lines.append(_fit(f"{name}  error: {printable(j.error)}", width))
             continue
         cause, hours = max(j.idle_gpu_hours_by_cause.items(), key=lambda kv: kv[1], default=("-", 0.0))
         util = f"{j.utilization:.1%}" if j.utilization is not None else "-"
         lines.append("  ".join([name, f"{j.gpus:>5}", f"{util:>6}", f"{j.idle_gpu_hours:>10.2f}",
                                 f"{cause} {hours:.2f}"]))
         if j.top_fix:
-            lines.append(f"{'':<{name_w}}  top fix: {printable(j.top_fix)}"[:width])
-        lines.extend(f"{'':<{name_w}}  skipped {printable(s)}"[:width] for s in j.skipped)
+            lines.append(_fit(f"{'':<{name_w}}  top fix: {printable(j.top_fix)}", width))
+        lines.extend(_fit(f"{'':<{name_w}}  skipped {printable(s)}", width) for s in j.skipped)
     lines.append("  ".join([f"{'fleet':<{name_w}}", f"{fleet.gpus:>5}", f"{'':>6}", f"{fleet.idle_gpu_hours:>10.2f}"]))
     if fleet.cost is not None:
         lines.append("  ".join([f"{'cost':<{name_w}}", f"{'':>5}", f"{'':>6}", f"{fleet.cost:>10.2f}"]))
-    lines.append(_note(fleet))
     wide = max(len(line) for line in _full_table(fleet).splitlines())
-    lines.append(f"(every cause of every job: a terminal {wide} columns wide, or --json)")
+    lines += textwrap.wrap(_note(fleet), width) + textwrap.wrap(
+        f"(every cause of every job: a terminal {wide} columns wide, or --json)", width)
     return "\n".join(lines) + "\n"
 
 
 def _note(fleet: FleetReport) -> str:
     per = "per hour of training" if fleet.hours == 1.0 else f"per {fleet.hours:g} hours of training"
-    note = f"{len(fleet.jobs)} jobs; GPU-hours idle {per} of each job, by cause"
+    note = f"{_count(len(fleet.jobs), 'job')}; GPU-hours idle {per} of each job, by cause"
     if fleet.price_per_gpu_hour is not None:
         note += f"; cost at {fleet.price_per_gpu_hour:g} per GPU-hour"
     if fleet.failed_jobs:
-        note += f"; {fleet.failed_jobs} jobs without a report"
+        note += f"; {_count(fleet.failed_jobs, 'job')} without a report"
     return note
 
 
@@ -84,4 +86,13 @@ def _full_table(fleet: FleetReport) -> str:
 
 
 def _cut(text: str) -> str:
-    return text if len(text) <= TOP_FIX_WIDTH else text[:TOP_FIX_WIDTH - 1] + "…"
+    return _fit(text, TOP_FIX_WIDTH)
+
+
+def _fit(text: str, width: int) -> str:
+    """``text`` in ``width`` characters: cut with an ellipsis where longer, so a cut never reads as the whole."""
+    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -47,13 +47,15 @@ from gpuidle.report.common import (
     ms,
     pct,
     role_lines,
+    run_words,
     source_label,
     startup_head,
     startup_item,
     unmeasured_words,
+    utilization_words,
     window_words,
 )
-from gpuidle.report.compare_text import money
+from gpuidle.report.compare_text import gpu_count_words, money, util_words
 from gpuidle.report.svg import (
     CAUSE_COLOR,
     MAX_INTERVAL_RECTS,
@@ -78,7 +80,7 @@ def _device_card(r: RankReport, d: DeviceReport) -> str:
     smi = (f'<div class="note">{tool} would count {pct(d.active_s / d.window_s)} (collectives included)</div>'
            if d.active_s > d.busy_s and d.window_s and tool is not None else "")
     return (f'<div class="card"><h3>rank {r.rank} · GPU {d.device}{name}</h3>'
-            f'<div class="big {util_class(d.utilization)}">{pct(d.utilization)}</div>'
+            f'<div class="big {util_class(d.utilization)}">{utilization_words(r, d)}</div>'
             f'<div class="muted">utilization · idle {ms(d.idle_s)} of {ms(d.window_s)}</div>{smi}</div>')
 
 
@@ -186,7 +188,7 @@ def _headline(report: AnalysisReport, shown: RankReport) -> str:
     where = f"rank {shown.rank} · GPU {d.device}" + (f" · {esc(d.name)}" if d.name else "")
     lowest = " (the lowest of the job)" if len(report.ranks) > 1 else ""
     return (f'<section id="headline"><h2>{where}{lowest}: <span class="{util_class(d.utilization)}">'
-            f"utilization {pct(d.utilization)}</span></h2>"
+            f"utilization {utilization_words(shown, d)}</span></h2>"
             f'<p class="lead">idle {ms(d.idle_s)} of {ms(d.window_s)}{top}.</p>'
             + (f'<p class="bad">{esc(unmeasured)}</p>' if (unmeasured := unmeasured_words(shown)) else "")
             + "</section>")
@@ -213,7 +215,8 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
     n = len(report.ranks)
     shown = _shown_rank(report)
     body = [f"<header><h1>gpuidle · {n} rank{'s' if n != 1 else ''} · {esc(source_label(report.source))}</h1>"
-            f'<div class="muted">{esc(", ".join(report.source.paths))}</div></header>',
+            f'<div class="muted">{esc(", ".join(report.source.paths))}</div>'
+            f'<p id="run">run: {esc(run_words(report))}</p></header>',
             _headline(report, shown), _decision(report)]
     body.append(f'<section id="summary"><h2>Utilization</h2><p class="note">window: {esc(window_words(shown, ", "))}'
                 + (f"; rank {shown.rank} has the lowest utilization of the job" if n > 1 else "") + "</p>"
@@ -273,12 +276,13 @@ def _delta(v: float, fmt: str, better_when_lower: bool) -> str:
 
 def _side(title: str, s: RunSummary, report: AnalysisReport, y_max: float) -> str:
     r = _shown_rank(report)
-    gpus = f"{s.world_size} × {s.gpu_model}" if s.gpu_model else f"{s.world_size} GPU(s)"
+    count = gpu_count_words(s)
+    gpus = f"{count} × {s.gpu_model}" if s.gpu_model else f"{count} GPU(s)"
     batch = f" · batch {s.batch_size}" if s.batch_size is not None else ""
     return (f'<div class="card"><h3>{esc(title)}: {esc(_run_name(s))}</h3>'
             f'<div class="muted">{esc(gpus)}{batch} · {s.ranks} rank(s) · {s.steps} step(s)</div>'
-            f'<div class="big {util_class(s.utilization)}">{pct(s.utilization)}</div>'
-            f'<div class="muted">utilization · step {ms(s.step_s)} · idle {ms(s.idle_s)} per step</div>'
+            f'<div class="big {util_class(s.utilization or 0.0)}">{util_words(s.utilization)}</div>'
+            f'<div class="muted">utilization · steady step {ms(s.step_s)} · idle {ms(s.idle_s)} per step</div>'
             + cause_bar(r.primary(), SIDE_WIDTH) + f'<p class="note">per step, rank {r.rank}:</p>'
             + steps_chart(r, y_max, SIDE_WIDTH)
             + "</div>")
@@ -299,11 +303,13 @@ def render_comparison(c: Comparison, before: AnalysisReport, after: AnalysisRepo
     body.append(verdict)
     speed = "n/a" if c.speedup is None else f"{c.speedup:.2f}×"
     rows = [
-        ("utilization", pct(a.utilization), pct(b.utilization),
+        ("utilization", util_words(a.utilization), util_words(b.utilization),
+         "n/a" if c.utilization_delta is None else
          _delta(c.utilization_delta, f"{abs(c.utilization_delta) * 100:.1f} pts", False)),
-        ("median step", ms(a.step_s), ms(b.step_s), _delta(c.step_s_delta, ms(abs(c.step_s_delta)), True)
+        ("steady step", ms(a.step_s), ms(b.step_s), _delta(c.step_s_delta, ms(abs(c.step_s_delta)), True)
          + f" <span class=\"muted\">({speed})</span>"),
-        ("idle per step", ms(a.idle_s), ms(b.idle_s), _delta(b.idle_s - a.idle_s, ms(abs(b.idle_s - a.idle_s)), True)),
+        ("idle per steady step", ms(a.idle_s), ms(b.idle_s),
+         _delta(b.idle_s - a.idle_s, ms(abs(b.idle_s - a.idle_s)), True)),
     ]
     if c.cost is not None:
         k = c.cost

@@ -9,20 +9,25 @@ from gpuidle.report.common import (
     OWN_STEP,
     TARGET_UTILIZATION,
     RenderOptions,
+    collectives_words,
     combined_saved,
     excluded_lines,
     gain_text,
+    kernel_words,
     mesh_lines,
     ms,
     pct,
     printable_report,
     role_lines,
+    run_words,
     shown_recommendations,
+    smi_words,
     source_label,
     startup_lines,
     step_rows,
     together,
     unmeasured_words,
+    utilization_words,
     window_words,
 )
 from gpuidle.report.scaleout import scale_out_lines
@@ -40,7 +45,8 @@ class MarkdownRenderer:
 
     def render(self, report: AnalysisReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
         report = printable_report(report)
-        lines = [f"## gpuidle: {len(report.ranks)} rank(s), {source_label(report.source)}", ""]
+        lines = [f"## gpuidle: {len(report.ranks)} rank(s), {source_label(report.source)}", "",
+                 f"Run: {run_words(report, ', ')}.", ""]
         shown = [report.ranks[0]] if report.job is None else [min(report.ranks, key=lambda r: r.primary().utilization)]
         if report.job is not None:
             job = report.job
@@ -92,10 +98,12 @@ class MarkdownRenderer:
 
     def _rank(self, r: RankReport) -> list[str]:
         d = r.primary()
-        mark = "✅" if d.utilization >= TARGET_UTILIZATION else "⚠️"
-        out = [f"### Rank {r.rank}, device {d.device}: utilization {pct(d.utilization)} {mark}", "",
+        measured = r.unmeasured == [] or utilization_words(r, d) != "not measured"
+        mark = "✅" if measured and d.utilization >= TARGET_UTILIZATION else "⚠️"
+        out = [f"### Rank {r.rank}, device {d.device}: utilization {utilization_words(r, d)} {mark}", "",
                *([f"**{unmeasured}**", ""] if (unmeasured := unmeasured_words(r)) else []),
-               f"Window: {window_words(r, ', ')}; idle {ms(d.idle_s)}.", ""]
+               f"Window: {window_words(r, ', ')}; idle {ms(d.idle_s)}"
+               + (f"; {smi}." if (smi := smi_words(d)) else "."), ""]
         shown = [c.value for c in CAUSES if d.idle_by_cause_s[c.value] > 0]
         out += _table([f"idle cause, device {d.device}" if len(r.devices) > 1 else "idle cause", "time", "of window"],
                       [[f"{c}[^{c}-{r.rank}]", ms(d.idle_by_cause_s[c]), pct(d.idle_by_cause_s[c] / d.window_s)]
@@ -106,6 +114,7 @@ class MarkdownRenderer:
             out.append("")
         c = r.communication
         roles = role_lines(c.parallelism, c.roles) + mesh_lines(c.mesh, r.world_size)
-        out += [f"- {line.strip()}" for line in roles] + ([""] if roles else [])
+        facts = [x for x in (collectives_words(r), *roles, kernel_words(r.kernels)) if x is not None]
+        out += [f"- {line.strip()}" for line in facts] + ([""] if facts else [])
         out += [f"> {n}" for n in r.notes]
         return out + ([""] if r.notes else [])

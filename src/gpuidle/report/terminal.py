@@ -11,7 +11,6 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpuidle.advice.hardware import hardware
 from gpuidle.model import (
     CAUSES,
     AnalysisReport,
@@ -23,6 +22,7 @@ from gpuidle.model import (
     Recommendation,
     ScaleOut,
 )
+from gpuidle.report.code import code_block
 from gpuidle.report.common import (
     CAUSE_MEANING,
     DEFAULT_OPTIONS,
@@ -30,22 +30,27 @@ from gpuidle.report.common import (
     OWN_STEP,
     TARGET_UTILIZATION,
     RenderOptions,
+    collectives_words,
     combined_text,
     excluded_lines,
     exposed_words,
     gain_text,
+    kernel_words,
     mesh_lines,
     ms,
     pct,
     printable_report,
     ranges,
     role_lines,
+    run_words,
     shown_recommendations,
+    smi_words,
     source_label,
     startup_lines,
     step_rows,
     unmeasured_words,
     utilization_falls,
+    utilization_words,
     window_words,
 )
 from gpuidle.report.scaleout import scale_out_lines
@@ -72,12 +77,12 @@ def _headline(r: RankReport, d: DeviceReport) -> RenderableType:
     style = _util_style(d.utilization)
     name = f" ({d.name})" if d.name else ""
     head = Text(f"rank {r.rank} · device {d.device}{name}  ", style="bold")
-    head += Text(f"utilization {pct(d.utilization)}", style=f"bold {style}")
+    head += Text(f"utilization {utilization_words(r, d)}", style=f"bold {style}")
     head += Text(f"  (target {pct(TARGET_UTILIZATION, 0)})")
     idle = Text(f"  idle {ms(d.idle_s)} of {ms(d.window_s)}")
-    smi = hardware(d).smi
-    if d.active_s > d.busy_s and smi is not None:
-        idle += Text(f" · {smi} would count {pct(d.active_s / d.window_s)}", style="bright_black")
+    smi = smi_words(d)
+    if smi is not None:
+        idle += Text(f" · {smi}", style="bright_black")
     unmeasured = unmeasured_words(r)
     tail = [Text(f"  {unmeasured}", style="bold yellow")] if unmeasured is not None else []
     return Group(head, idle, *tail)
@@ -91,7 +96,8 @@ def _devices(r: RankReport) -> RenderableType:
         t.add_column(col, justify="left" if col == "device" else "right")
     for d in r.devices:
         style = _util_style(d.utilization)
-        t.add_row(f"{d.device}" + (f" ({d.name})" if d.name else ""), Text(pct(d.utilization), style=f"bold {style}"),
+        t.add_row(f"{d.device}" + (f" ({d.name})" if d.name else ""),
+                  Text(utilization_words(r, d), style=f"bold {style}"),
                   ms(d.idle_s), ms(d.window_s))
     unmeasured = unmeasured_words(r)
     tail = [Text(unmeasured, style="bold yellow")] if unmeasured is not None else []
@@ -172,7 +178,8 @@ def _job(job: JobReport) -> RenderableType:
 
 def _recommendation(i: int | None, rec: Recommendation) -> RenderableType:
     """The title, then under it, indented (wrapped lines too): its confidence and cause, the gain, the evidence,
-    the fix. The confidence has a line of its own, so no width breaks it in two."""
+    the fix's code, whole at any width (:mod:`gpuidle.report.code`). The confidence has a line of its own, so no
+    width breaks it in two."""
     indent = 3 if i is not None else 6
     head = Text(f"{i}. {rec.title}" if i is not None else f"   or: {rec.title}", style="bold")
     good = rec.gain.step_s_saved is not None and rec.alternative_to is None and not utilization_falls(rec.gain)
@@ -180,8 +187,8 @@ def _recommendation(i: int | None, rec: Recommendation) -> RenderableType:
                style="bright_black")
     gain = Text(gain_text(rec), style="green" if good else "yellow")
     ev = Text("evidence: " + ", ".join(f"{k}={v}" for k, v in rec.evidence.items()), style="bright_black")
-    fix = Text("\n".join("  " + line for line in rec.fix.splitlines()), style="cyan")
-    return Group(head, Padding(Group(tag, gain, ev, fix), (0, 0, 0, indent), expand=False))
+    return Group(head, Padding(Group(tag, gain, ev), (0, 0, 0, indent), expand=False),
+                 code_block(rec.fix, indent + 2))
 
 
 def _combined(c: Combined, listed: list[Recommendation]) -> Text:
@@ -224,6 +231,7 @@ class TerminalRenderer:
                           width=options.width, highlight=False)
         n = len(report.ranks)
         console.print(Text(f"gpuidle · {n} rank{'s' if n != 1 else ''} · {source_label(report.source)}", style="bold"))
+        console.print(Text(f"run: {run_words(report)}", style="bold"))
         if report.job is None:
             self._rank(console, report.ranks[0], report.include_warmup)
         else:
@@ -242,7 +250,7 @@ class TerminalRenderer:
         for rec in recs:
             if rec.alternative_to is None:
                 i += 1
-            console.print(_recommendation(i if rec.alternative_to is None else None, rec))
+            console.print(_recommendation(i if rec.alternative_to is None else None, rec), crop=False)
         if report.combined is not None and report.combined.fixes:
             console.print(_combined(report.combined, recs))
         if len(report.recommendations) > len(recs):
@@ -265,25 +273,15 @@ class TerminalRenderer:
         for line in startup_lines(r):
             console.print(Text(line, style="yellow"))
         c = r.communication
-        if c.comm_s > 0:
-            overlap = "n/a" if c.overlap_ratio is None else pct(c.overlap_ratio)
-            d = r.primary()
-            exposed = exposed_words(c.exposed_s, d.idle_by_cause_s.get("communication", 0.0),
-                                    d.idle_by_cause_s.get("straggler_wait", 0.0))
-            console.print(Text(f"collectives: {ms(c.comm_s)} on the device, {exposed} · overlap {overlap}",
-                               style="green"))
+        collectives = collectives_words(r)
+        if collectives is not None:
+            console.print(Text(collectives, style="green"))
             for line in role_lines(c.parallelism, c.roles):
                 console.print(Text(f"  {line}", style="green"))
             for line in mesh_lines(c.mesh, r.world_size):
                 console.print(Text(line, style="green"))
-        k = r.kernels
-        if k.count:
-            facts = f"kernels: {k.count} ({pct(k.short_kernel_share)} of kernel time in kernels < 10 µs)"
-            if k.reduced_precision_gemm_share is not None:
-                facts += f" · GEMM/conv in fp16/bf16 or on matrix units: {pct(k.reduced_precision_gemm_share)}"
-            facts += f" · syncs/step {k.syncs_per_step:.1f} · .item()/step {k.item_calls_per_step:.1f}"
-            console.print(Text(facts, style="bright_black"))
-        elif k.syncs_per_step:  # step timing: no kernels seen, only the loop's syncs where the tracker timed them
-            console.print(Text(f"syncs/step {k.syncs_per_step:.1f}", style="bright_black"))
+        kernels = kernel_words(r.kernels)
+        if kernels is not None:
+            console.print(Text(kernels, style="bright_black"))
         for note in r.notes:
             console.print(Text(f"note: {note}", style="yellow"))

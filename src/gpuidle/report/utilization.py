@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuidle.model import DeviceUtil, GpuInfo, GpuSample, HostSample, HostUtil, UtilizationReport
+from gpuidle.report.code import code_block
 from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report, ranges
 from gpuidle.report.registry import pick
 
@@ -55,22 +56,38 @@ def _idle(count: int, seconds: float) -> str:
     return f"{count} periods, {seconds:,.1f} s in all"
 
 
-def _devices_table(devs: list[DeviceUtil]) -> Table:
-    t = Table(box=None, header_style="bold", pad_edge=False)
-    for col, just in (("device", "left"), ("mean", "right"), ("", "left"), ("median", "right"),
-                      ("< 80 %", "right"), ("< 90 %", "right"), ("idle", "right"), ("memory GiB", "right"),
-                      ("power W", "right"), ("SM clock", "right"), ("temp", "right")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+DEVICE_COLUMNS = (("device", "left"), ("mean", "right"), ("", "left"), ("median", "right"), ("< 80 %", "right"),
+                  ("< 90 %", "right"), ("idle", "right"), ("memory GiB", "right"), ("power W", "right"),
+                  ("SM clock", "right"), ("temp", "right"))
+NARROW_DROPS = ("", "temp", "SM clock", "power W", "< 90 %", "memory GiB", "idle")
+"""The device table's columns a narrow terminal goes without, first to last: a figure is never cut."""
+
+
+def _devices_table(devs: list[DeviceUtil], width: int) -> tuple[Table, list[str]]:
+    """The device table in ``width`` columns, and the columns left out to fit (every cell whole)."""
+    rows: list[dict[str, str | Text]] = []
     for d in devs:
-        name = str(d.device)
         mem = "N/A" if d.mem_used_max_mib is None else f"{_gib(d.mem_used_max_mib)} / {_gib(d.mem_total_mib)}"
         power = "N/A" if d.power_mean_w is None else (
             f"{d.power_mean_w:.0f}" + (f" / {d.power_limit_w:.0f}" if d.power_limit_w else ""))
-        t.add_row(name, f"{d.mean_util_pct:.1f} %", _bar(d.mean_util_pct, 12), f"{d.median_util_pct:.1f} %",
-                  pct(d.below_80_share, 0), pct(d.below_90_share, 0),
-                  _idle(d.idle_period_count, d.idle_s), mem, power,
-                  _num(d.sm_clock_mean_mhz, "MHz"), _num(d.temp_max_c, "°C"))
-    return t
+        rows.append(dict(zip([c for c, _ in DEVICE_COLUMNS], [
+            str(d.device), f"{d.mean_util_pct:.1f} %", _bar(d.mean_util_pct, 12), f"{d.median_util_pct:.1f} %",
+            pct(d.below_80_share, 0), pct(d.below_90_share, 0), _idle(d.idle_period_count, d.idle_s), mem, power,
+            _num(d.sm_clock_mean_mhz, "MHz"), _num(d.temp_max_c, "°C")], strict=True)))
+    columns = [c for c, _ in DEVICE_COLUMNS]
+
+    def wide(cols: list[str]) -> int:
+        return sum(max([len(c), *(len(r[c]) for r in rows)]) for c in cols) + 2 * (len(cols) - 1)
+
+    while wide(columns) > width and (drop := [c for c in NARROW_DROPS if c in columns]):
+        columns.remove(drop[0])
+    t = Table(box=None, header_style="bold", pad_edge=False)
+    for col, just in DEVICE_COLUMNS:
+        if col in columns:
+            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    for row in rows:
+        t.add_row(*(row[c] for c in columns))
+    return t, [c or "bar" for c, _ in DEVICE_COLUMNS if c not in columns]
 
 
 def _device_details(devs: list[DeviceUtil]) -> list[RenderableType]:
@@ -156,7 +173,11 @@ class UtilTerminalRenderer:
                 names.setdefault(d.name or "GPU", []).append(d.device)
             console.print(Text("devices: " + "; ".join(f"{ranges(ix)}: {n}" for n, ix in names.items()),
                                style="bright_black"))
-            console.print(_devices_table(report.devices))
+            table, left_out = _devices_table(report.devices, options.width)
+            console.print(table)
+            if left_out:
+                console.print(Text(f"(not shown at {options.width} columns: {', '.join(left_out)}; --format json "
+                                   "has every field)", style="bright_black"))
             for item in _device_details(report.devices):
                 console.print(item)
         for d in report.devices:
@@ -184,8 +205,7 @@ class UtilTerminalRenderer:
             gain = Text(f"   → utilization {bound}{pct(g.utilization_after or 0.0)}"
                         + (f", saves {bound}{ms(g.step_s_saved)}/step" if g.step_s_saved else "")
                         + f"  [{rec.confidence} confidence · {rec.cause}]", style="green")
-            fix = Text("\n".join("     " + line for line in rec.fix.splitlines()), style="cyan")
-            console.print(Group(Text(f"{i}. {rec.title}", style="bold"), gain, fix))
+            console.print(Group(Text(f"{i}. {rec.title}", style="bold"), gain, code_block(rec.fix, 5)), crop=False)
         if len(report.recommendations) > len(recs):
             console.print(Text(f"(+{len(report.recommendations) - len(recs)} more: --top N or --json)",
                                style="bright_black"))

@@ -165,7 +165,8 @@ class TrackerBase:
     def _log_line(self, block: np.ndarray) -> str:
         """``step 1200 | 212 ms | GPU busy 61 % | data wait 31 % (rank 3: 48 %) | straggler: rank 3 ×1.4``."""
         stats = rank_stats([self._series(r, block[r]) for r in range(block.shape[0])])
-        return output.log_line(self._step, stats, self.timing == "device", self._comm_hook is not None)
+        return output.log_line(self._step, stats, self.timing == "device", self._comm_hook is not None,
+                               self._unmeasured)
 
     def _conclude(self, notes: list[str]) -> AnalysisReport | None:
         """Exchange the last steps, write the end of the log and (rank 0) the job summary; stop the metrics."""

@@ -56,15 +56,22 @@ def stderr(line: str) -> None:
     print(f"gpuidle: {line}", file=sys.stderr, flush=True)
 
 
-def log_line(step: int, stats: Sequence[RankStats], device_timed: bool, comm_timed: bool) -> str:
-    """``step 1200 | 212 ms | GPU busy 61 % | data wait 31 % (rank 3: 48 %) | straggler: rank 3 ×1.4``."""
+DATA_NOT_MEASURED = "busy and data wait not measured (the data wait counts as busy)"
+"""What the log says for a run that cannot time its data wait (``unmeasured`` holds ``data_loading``)."""
+
+
+def log_line(step: int, stats: Sequence[RankStats], device_timed: bool, comm_timed: bool,
+             unmeasured: Sequence[str] = ()) -> str:
+    """``step 1200 | 212 ms | GPU busy 61 % | data wait 31 % (rank 3: 48 %) | straggler: rank 3 ×1.4``; where the
+    data wait is not measured, that, not a busy share it cannot know."""
     step_ms = float(np.median([s.step_s for s in stats])) * 1e3
     busy = float(np.mean([s.busy_share for s in stats]))
     data = float(np.mean([s.data_share for s in stats]))
+    known = "data_loading" not in unmeasured
     parts = [f"step {step}", f"{step_ms:.0f} ms", f"{'GPU' if device_timed else 'host'} busy {busy * 100:.0f} %",
-             f"data wait {data * 100:.0f} %"]
+             f"data wait {data * 100:.0f} %"] if known else [f"step {step}", f"{step_ms:.0f} ms", DATA_NOT_MEASURED]
     worst = max(stats, key=lambda s: s.data_share)
-    if len(stats) > 1 and worst.data_share - data >= 0.05:
+    if known and len(stats) > 1 and worst.data_share - data >= 0.05:
         parts[-1] += f" (rank {worst.rank}: {worst.data_share * 100:.0f} %)"
     if comm_timed:
         parts.append(f"comm {float(np.mean([s.comm_share for s in stats])) * 100:.0f} %")
@@ -83,9 +90,14 @@ def job_view(report: AnalysisReport, stats: Sequence[RankStats], series: Sequenc
     lines = [f"job view: {len(stats)} rank(s) · {steps} steps · {timed}",
              f"{'rank':>5} {'step':>10} {'busy':>6} {'data wait':>10} {'comm':>6} {'score':>6} "
              f"{'samples':>10} {'batches':>8}"]
+    unknown = {r.rank for r in report.ranks if "data_loading" in r.unmeasured}
     for s in stats:
-        lines.append(f"{s.rank:>5} {s.step_s * 1e3:>7.2f} ms {s.busy_share * 100:>4.0f} % {s.data_share * 100:>8.0f} % "
+        busy, data = (f"{'n/m':>6}", f"{'n/m':>10}") if s.rank in unknown else \
+            (f"{s.busy_share * 100:>4.0f} %", f"{s.data_share * 100:>8.0f} %")
+        lines.append(f"{s.rank:>5} {s.step_s * 1e3:>7.2f} ms {busy} {data} "
                      f"{s.comm_share * 100:>4.0f} % {s.score:>6.2f} {s.samples:>10,} {s.batches:>8,}")
+    if unknown:
+        lines.append(f"n/m: {DATA_NOT_MEASURED}")
     if report.job is not None:
         for st in report.job.stragglers:
             lines.append(f"straggler: rank {st.rank} ×{st.score:.2f} — {st.why}")
