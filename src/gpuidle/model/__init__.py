@@ -122,7 +122,7 @@ from .timeline import (
     Timeline,
     TraceMeta,
 )
-from .units import duration
+from .units import duration, ranges
 
 __all__ = [
     "CAUSES",
@@ -236,6 +236,7 @@ __all__ = [
     "Window",
     "Workload",
     "duration",
+    "ranges",
     "util_series_from_records",
     "zero_causes",
 ]

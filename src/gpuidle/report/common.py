@@ -86,17 +86,6 @@ def pct(share: float, digits: int = 1) -> str:
     return f"{share * 100:.{digits}f} %"
 
 
-def ranges(xs: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out: list[str] = []
-    for x in sorted(xs):
-        if out and x == int(out[-1].rsplit("-", 1)[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{x}"
-        else:
-            out.append(str(x))
-    return ", ".join(out)
-
-
 def step_rows(r: RankReport) -> list[tuple[str, str, str, str, str]]:
     """Rows ``(step, duration, busy %, idle, top cause)``; the slowest steps when there are many."""
     steps = r.steps

@@ -21,6 +21,7 @@ from gpuidle.model import (
     JobReport,
     RankReport,
     Recommendation,
+    ranges,
 )
 from gpuidle.report.common import (
     CAUSE_MEANING,
@@ -37,7 +38,6 @@ from gpuidle.report.common import (
     ms,
     pct,
     printable_report,
-    ranges,
     role_lines,
     shown_recommendations,
     source_label,

@@ -15,8 +15,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gpuidle.model import DeviceUtil, GpuInfo, GpuSample, HostSample, HostUtil, UtilizationReport
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report, ranges
+from gpuidle.model import DeviceUtil, GpuInfo, GpuSample, HostSample, HostUtil, UtilizationReport, ranges
+from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report
 from gpuidle.report.registry import pick
 
 BAR = 24

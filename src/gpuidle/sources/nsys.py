@@ -42,6 +42,7 @@ from gpuidle.model import (
 )
 from gpuidle.model.arrays import distinct
 from gpuidle.sources import nsys_db, step_markers
+from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.nsys_db import Tables
 
@@ -186,6 +187,7 @@ def _read(path: str, t: Tables) -> list[Timeline]:
                          device_names={k: v for k, v in devices.items() if k in used},
                          device_capability={k: v for k, v in capability.items() if k in used},
                          notes=notes + rank_notes, framework=framework)
+        check_job_facts(meta)
         out.append(_timeline(strings, d, h, t0, meta))
     return out
 
