@@ -44,6 +44,7 @@ from gpuidle.model.arrays import distinct
 from gpuidle.sources import nsys_db, step_markers
 from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kineto import is_collective_kernel
+from gpuidle.sources.kineto_columns import check_span
 from gpuidle.sources.nsys_db import Tables
 
 FORMAT = "nsys"
@@ -150,8 +151,8 @@ def read(path: str) -> list[Timeline]:
     with nsys_db.exported(path) as db_path:
         conn = nsys_db.connect(db_path)
         try:
-            return _read(path, Tables(conn))
-        except sqlite3.DatabaseError as err:  # a damaged page met while reading
+            return _read(path, Tables(conn, path))
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as err:  # a damaged page met while reading
             raise CorruptInput(f"{path}: the export cannot be read ({err})", nsys_db.REEXPORT) from None
         finally:
             conn.close()
@@ -171,6 +172,7 @@ def _read(path: str, t: Tables) -> list[Timeline]:
                             "profile with CUDA tracing on: nsys profile --trace=cuda,nvtx,osrt ...")
     host = _host_rows(t, names, dev)
     t0 = int(min(dev.cols["start"].min(), host.cols["start"].min() if len(host) else dev.cols["start"].min()))
+    check_span(path, t0, max(int(dev.cols["end"].max()), int(host.cols["end"].max()) if len(host) else 0))
     framework = _framework(names, t)
     env = _environment(t)
     ranks = _ranks(dev, host, names, env)

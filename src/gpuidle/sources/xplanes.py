@@ -78,7 +78,8 @@ class Space:
 class _Builder:
     """Interns names and flow ids across planes and turns per-line lists into arrays."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: str) -> None:
+        self.path = path
         self.sid: dict[str, int] = {}
         self.flows: dict[tuple[int, int], int] = {}
         self.events = 0
@@ -106,26 +107,46 @@ class _Builder:
 
 
 def _int(v: Any) -> int:
+    """A stat's integer value; -1 where it holds no number (text), None-free.
+
+    :raises OverflowError: infinity, or a number beyond 64 bits.
+    """
     try:
-        return int(v)
+        n = int(v)
     except (TypeError, ValueError):
         try:
-            return int(float(v))
+            n = int(float(v))
         except (TypeError, ValueError):
             return -1
+    if not -(1 << 63) <= n < 1 << 63:
+        raise OverflowError(f"{n} is beyond 64 bits")
+    return n
+
+
+def _stat_int(st: dict[str, Any], name: str, b: _Builder) -> int:
+    """Stat ``name`` of an event as an integer (:func:`_int`).
+
+    :raises CorruptInput: a value no 64-bit integer holds (infinity, 2⁶⁴ − 1 as a step number).
+    """
+    try:
+        return _int(st[name])
+    except OverflowError:
+        shown = str(st[name]) if len(str(st[name])) <= 40 else str(st[name])[:37] + "..."
+        raise CorruptInput(f"{b.path}: an event's {name} stat is {shown}, beyond a 64-bit integer",
+                           "a damaged profile; record it again") from None
 
 
 def _put(cols: dict[str, I64], row: int, st: dict[str, Any], b: _Builder) -> None:
     if CORRELATION in st:
-        cols["corr"][row] = _int(st[CORRELATION])
+        cols["corr"][row] = _stat_int(st, CORRELATION, b)
     if STEP in st:
-        cols["step"][row] = _int(st[STEP])
+        cols["step"][row] = _stat_int(st, STEP, b)
     op = st.get(HLO_OP) or st.get(MODULE_NAME)
     if op:
         cols["op"][row] = b.intern(str(op))
     if st.get(HLO_MODULE):  # interned only: the module names (jit_train_step) tell the framework
         b.intern(str(st[HLO_MODULE]))
-    if MEMCPY_DETAILS in st and (m := _BYTES.search(str(st[MEMCPY_DETAILS]))):
+    if MEMCPY_DETAILS in st and (m := _BYTES.search(str(st[MEMCPY_DETAILS]))) and len(m.group(1)) < 19:
         cols["bytes"][row] = int(m.group(1))
     if "_p" in st:
         cols["producer"][row] = b.flow(st.get("_pt", 0), st["_p"])
@@ -175,7 +196,7 @@ def read_pb(path: str) -> Space:
     if not any(p.name.startswith(("/host:", "/device:")) for p in space.planes):
         raise NotATrace(f"{path}: a protobuf message, but no XSpace planes in it",
                         "give the <host>.xplane.pb that jax.profiler / tf.profiler wrote")
-    b = _Builder()
+    b = _Builder(path)
     planes = [_plane(p, b) for p in space.planes]
     return Space(planes, list(space.hostnames), list(b.sid), b.events, [f"profiler error: {e}" for e in space.errors])
 
@@ -203,6 +224,10 @@ def _plane(p: Any, b: _Builder) -> Plane:
             dur.append(e.duration_ps)
             names.append(name_ids.get(e.metadata_id, -1))
         base = ln.timestamp_ns
+        if off and base + (max(off) + max(dur)) // 1000 >= 1 << 63:
+            raise CorruptInput(f"{b.path}: line '{ln.name}' of plane '{p.name}' has an event past 64-bit nanoseconds "
+                               f"(timestamp_ns {base}, offset_ps {max(off)}, duration_ps {max(dur)})",
+                               "a damaged profile; record it again")
         offs = np.asarray(off, dtype=np.int64)
         start = base + offs // 1000
         end = base + (offs + np.maximum(np.asarray(dur, dtype=np.int64), 0)) // 1000
@@ -257,7 +282,7 @@ def read_json(path: str) -> Space:
                 rows.setdefault((e.pid, e.tid), []).append(e)
     if not process:
         raise NotATrace(f"{path}: a Chrome trace without XSpace planes (no process_name events)")
-    b = _Builder()
+    b = _Builder(path)
     planes: dict[int, Plane] = {pid: Plane(name, {}, []) for pid, name in process.items()}
     for (pid, tid), events in rows.items():
         if pid not in planes:

@@ -49,6 +49,7 @@ from gpuidle.model import (
 from gpuidle.model.arrays import distinct
 from gpuidle.sources import step_markers, xplanes
 from gpuidle.sources.kineto import is_collective_kernel
+from gpuidle.sources.kineto_columns import check_span
 from gpuidle.sources.xplanes import Line, Plane, Space
 from gpuidle.sources.xspace_files import PB_SUFFIX
 
@@ -112,6 +113,7 @@ def build(space: Space, path: str) -> Timeline:
                             "profile steps that run on the GPU")
     threads, host, handoffs = _host_columns(host_planes, space.hostnames or [Path(path).name.split(".")[0]], strings)
     t0 = int(min(dev["start"].min(), host["start"].min() if host["start"].size else dev["start"].min()))
+    check_span(path, t0, max(int(dev["end"].max()), int(host["end"].max()) if host["end"].size else t0))
     device_ops = _device_ops(dev, strings, t0)
     host_ev = HostEvents(start=host["start"] - t0, end=host["end"] - t0, thread=host["thread"].astype(np.int32),
                          kind=host["kind"].astype(np.int8), name=host["name"].astype(np.int32),
