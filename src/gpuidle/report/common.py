@@ -250,22 +250,32 @@ def printable_report(report: T) -> T:
     """A copy of a report (msgspec structs, lists, dicts) with :func:`~gpuidle.report.text.printable` applied
     to every string, for the renderers of text: no name from an input reaches the terminal raw.
 
-    Line breaks stay: fixes and notes are several lines by design.
+    Line breaks stay: fixes and notes are several lines by design. Each distinct string is cleaned once and numbers
+    pass as they are: a profile of 100,000 steps repeats its few names in every step.
     """
-    clean: T = _printable(report)
-    return clean
+    seen: dict[str, str] = {}
 
+    def clean(x: Any) -> Any:
+        kind = type(x)
+        if kind is float or kind is int or x is None or kind is bool:
+            return x
+        if kind is str:
+            out = seen.get(x)
+            if out is None:
+                out = seen[x] = printable(x, keep_newlines=True)
+            return out
+        if isinstance(x, str):
+            return printable(x, keep_newlines=True)
+        if isinstance(x, msgspec.Struct):
+            return msgspec.structs.replace(x, **{f: clean(getattr(x, f)) for f in x.__struct_fields__})
+        if isinstance(x, list | tuple):
+            return type(x)(clean(v) for v in x)
+        if isinstance(x, dict):
+            return {clean(k): clean(v) for k, v in x.items()}
+        return x
 
-def _printable(x: Any) -> Any:
-    if isinstance(x, str):
-        return printable(x, keep_newlines=True)
-    if isinstance(x, msgspec.Struct):
-        return msgspec.structs.replace(x, **{f: _printable(getattr(x, f)) for f in x.__struct_fields__})
-    if isinstance(x, list | tuple):
-        return type(x)(_printable(v) for v in x)
-    if isinstance(x, dict):
-        return {_printable(k): _printable(v) for k, v in x.items()}
-    return x
+    out: T = clean(report)
+    return out
 
 
 ROLE_TEXT = {
