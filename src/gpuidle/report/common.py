@@ -24,7 +24,7 @@ from gpuidle.model import (
     StepReport,
     duration,
 )
-from gpuidle.report.text import printable
+from gpuidle.report.text import all_printable, printable
 
 T = TypeVar("T")
 
@@ -251,8 +251,11 @@ def printable_report(report: T) -> T:
     to every string, for the renderers of text: no name from an input reaches the terminal raw.
 
     Line breaks stay: fixes and notes are several lines by design. Each distinct string is cleaned once and numbers
-    pass as they are: a profile of 100,000 steps repeats its few names in every step.
+    pass as they are: a profile of 100,000 steps repeats its few names in every step; a report whose JSON holds no
+    escape and nothing unprintable (most) is returned as it is.
     """
+    if _already_printable(report):
+        return report
     seen: dict[str, str] = {}
 
     def clean(x: Any) -> Any:
@@ -276,6 +279,19 @@ def printable_report(report: T) -> T:
 
     out: T = clean(report)
     return out
+
+
+_JSON_ESCAPES = ("\\u", "\\b", "\\f", "\\r", "\\t")
+"""How JSON writes a control character (a line break, ``\\n``, stays in a report's text)."""
+
+
+def _already_printable(report: object) -> bool:
+    """Whether every string in ``report`` is printable already: one pass over its JSON, in C."""
+    try:
+        text = msgspec.json.encode(report).decode()
+    except (TypeError, ValueError, msgspec.EncodeError):  # lone surrogates, a type JSON does not hold
+        return False
+    return not any(e in text for e in _JSON_ESCAPES) and all_printable(text, keep_newlines=True)
 
 
 ROLE_TEXT = {
