@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuidle.api import analyze
-from gpuidle.model import TraceMeta, ranges
+from gpuidle.model import TRACKER_FORMAT, TraceMeta, TrackerEnd, TrackerHeader, TrackerStep, ranges
 from gpuidle.report.terminal import TerminalRenderer
 from gpuidle.sources.job_facts import MAX_WORLD, check_job_facts
 from minitrace import Trace
@@ -105,6 +106,25 @@ def test_a_thousand_rank_mesh_with_two_ranks_traced_names_its_gap_in_one_line(tm
     assert gaps == ["no trace of dp 1-511 (511 places, 1,022 ranks: 2-1023): its data parallel part of the job "
                     "is not in this analysis"]
     assert len(TerminalRenderer().render(report).splitlines()) < 200
+
+
+def test_a_tracker_log_s_world_is_checked_as_a_trace_s(tmp_path: Path) -> None:
+    """Two ranks' tracker logs claiming a world of 2³¹ − 1 and a tensor-parallel group of 2⁷⁰: no rank list the
+    size of that world, the group set aside, one note each."""
+    for rank in (0, 1):
+        lines = [TrackerHeader(format=TRACKER_FORMAT, rank=rank, world_size=2**31 - 1, timing="host",
+                               process_groups=[{"pg_name": "1", "pg_desc": "mesh_tp", "pg_size": 2**62}]),
+                 *(TrackerStep(step=k, start_ns=k * 10**7, dur_ns=10**7, data_ns=10**6) for k in range(8)),
+                 TrackerEnd(steps=8)]
+        (tmp_path / f"rank-{rank}.jsonl").write_bytes(b"\n".join(msgspec.json.encode(x) for x in lines) + b"\n")
+    report = analyze([tmp_path])
+    assert report.job is not None
+    assert report.job.world_size == 2
+    assert report.job.missing_ranks == []
+    notes = report.ranks[0].notes
+    assert any("world size 2147483647 is more ranks than any job runs" in n for n in notes)
+    assert any("1 process group(s) of 1 set aside (pg_config): 'mesh_tp': its size (a 19-digit number) is more ranks"
+               " than any job runs" in n for n in notes)
 
 
 @settings(max_examples=200, deadline=None)

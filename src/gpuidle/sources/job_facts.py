@@ -2,9 +2,10 @@
 
 A profiler writes the world size, the rank and each process group's size and ranks as the program told it; a
 damaged or hand-edited trace can claim anything. Every reader passes its :class:`~gpuidle.model.TraceMeta`
-through :func:`check_job_facts` once: a world beyond any job, a rank outside its world, a group larger than
-the world, a group's rank outside the world or listed twice, a size its rank list contradicts are set aside,
-each kind named in one note, so that nothing later is sized from a claimed number alone.
+through :func:`check_job_facts` once, and the tracker's log header goes through :func:`checked_facts`: a world
+beyond any job, a rank outside its world, a group larger than the world, a group's rank outside the world or
+listed twice, a size its rank list contradicts are set aside, each kind named in one note, so that nothing later
+is sized from a claimed number alone.
 """
 
 from __future__ import annotations
@@ -38,18 +39,25 @@ def _short(value: Any) -> str:
 def check_job_facts(meta: TraceMeta) -> None:
     """``meta``'s world size, rank and process groups checked against each other and against :data:`MAX_WORLD`;
     what does not hold is dropped from ``meta`` and named in its notes."""
-    world = meta.world_size
+    meta.world_size, meta.process_groups, notes = checked_facts(meta.rank, meta.world_size, meta.process_groups)
+    meta.notes.extend(notes)
+
+
+def checked_facts(rank: int | None, world: int | None, groups: list[dict[str, Any]]
+                  ) -> tuple[int | None, list[dict[str, Any]], list[str]]:
+    """The world size (None where set aside) and the process groups that hold together with ``rank`` and each
+    other, and one note per kind of claim set aside."""
+    notes = []
     if world is not None and not 1 <= world <= MAX_WORLD:
-        meta.notes.append(f"the trace's world size {_short(world)} is more ranks than any job runs (over "
-                          f"{MAX_WORLD:,}): set aside; the job is the traces given")
-        meta.world_size = world = None
-    if meta.rank is not None and world is not None and meta.rank >= world:
-        meta.notes.append(f"rank {meta.rank} lies outside the trace's world of {world}: the world size is set "
-                          "aside")
-        meta.world_size = world = None
+        notes.append(f"the trace's world size {_short(world)} is more ranks than any job runs (over {MAX_WORLD:,}): "
+                     "set aside; the job is the traces given")
+        world = None
+    if rank is not None and world is not None and not 0 <= rank < world:
+        notes.append(f"rank {_short(rank)} lies outside the trace's world of {world}: the world size is set aside")
+        world = None
     kept: list[dict[str, Any]] = []
     why: dict[str, int] = {}
-    for group in meta.process_groups:
+    for group in groups:
         reason = _group_fault(group, world)
         if reason is None:
             kept.append(group)
@@ -60,10 +68,9 @@ def check_job_facts(meta: TraceMeta) -> None:
     if why:
         shown = [k + (f" ({n} groups)" if n > 1 else "") for k, n in list(why.items())[:SHOWN]]
         more = f"; {len(why) - SHOWN} other reason(s)" if len(why) > SHOWN else ""
-        dropped = len(meta.process_groups) - len(kept)
-        meta.notes.append(f"{dropped} process group(s) of {len(meta.process_groups)} set aside (pg_config): "
-                          + "; ".join(shown) + more)
-        meta.process_groups = kept
+        notes.append(f"{len(groups) - len(kept)} process group(s) of {len(groups)} set aside (pg_config): "
+                     + "; ".join(shown) + more)
+    return world, kept, notes
 
 
 def _group_fault(group: dict[str, Any], world: int | None) -> str | None:
@@ -72,8 +79,10 @@ def _group_fault(group: dict[str, Any], world: int | None) -> str | None:
     raw = group.get("pg_size", group.get("group_size"))
     size = _count(raw)
     if raw is not None and (size is None or not 1 <= size <= limit):
-        return f"its size ({_short(raw)}) " + (f"is larger than the world of {world}" if world and size
-                                               and size > 0 else "is not a count of ranks")
+        too_many = size is not None and size > limit
+        return f"its size ({_short(raw)}) " + (("is larger than the world of " + str(world) if world else
+                                                "is more ranks than any job runs") if too_many else
+                                               "is not a count of ranks")
     ranks = group.get("ranks")
     if ranks is None or ranks == []:
         return None
