@@ -67,6 +67,12 @@ def test_nsight_text_or_a_blob_in_an_integer_column(tmp_path: Path, column: str,
     one_line_error(set_cell(export(tmp_path / "r.sqlite"), KERNEL, column, value), shown)
 
 
+@pytest.mark.parametrize(("column", "value"), [("deviceId", -5), ("streamId", 1 << 40)])
+def test_nsight_ids_outside_their_range(tmp_path: Path, column: str, value: int) -> None:
+    one_line_error(set_cell(export(tmp_path / "r.sqlite"), KERNEL, column, value),
+                   f"device activity with {column} {value} (1 row(s)): not an id")
+
+
 def test_nsight_timestamps_at_int64_max_are_refused_as_the_kineto_reader_does(tmp_path: Path) -> None:
     path = export(tmp_path / "r.sqlite")
     set_cell(path, KERNEL, "start", (1 << 63) - 1000)
@@ -94,7 +100,7 @@ def test_a_bug_in_a_reader_is_reported_as_one(tmp_path: Path, monkeypatch: pytes
 
 
 CELLS = st.one_of(st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1), st.text(max_size=6),
-                  st.binary(max_size=6), st.floats(allow_nan=True, allow_infinity=True))
+                  st.binary(max_size=6), st.floats(allow_nan=False, allow_infinity=True))  # SQLite stores NaN as NULL
 COLUMNS = ["start", "end", "deviceId", "streamId", "correlationId", "shortName", "globalPid"]
 
 

@@ -45,6 +45,7 @@ from gpuidle.sources import nsys_db, step_markers
 from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.kineto_columns import check_span
+from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.nsys_db import Tables
 
 FORMAT = "nsys"
@@ -245,10 +246,20 @@ def _device_rows(t: Tables, names: _Names, notes: list[str]) -> _Rows | None:
     if not parts:
         return None
     rows = _cat(parts)
+    _check_ids(t.path, rows)
     if t.pick("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid") is None and kern is not None:
         notes.append("device activity carries no globalPid (older Nsight): all processes read as one")
     rows["proc"] = np.where(rows["gpid"] >= 0, rows["gpid"] >> 24, -1)
     return _Rows(rows)
+
+
+def _check_ids(path: str, rows: dict[str, I64]) -> None:
+    """Raise where a device or stream id of the device activity is negative or past int32 (the model's width)."""
+    for key, column in (("device", "deviceId"), ("stream", "streamId")):
+        bad = np.flatnonzero((rows[key] < 0) | (rows[key] > I32_MAX))
+        if bad.size:
+            raise CorruptInput(f"{path}: device activity with {column} {int(rows[key][bad[0]])} ({bad.size} row(s)): "
+                               "not an id", nsys_db.REEXPORT)
 
 
 def _host_rows(t: Tables, names: _Names, dev: _Rows) -> _Rows:
