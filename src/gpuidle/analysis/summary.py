@@ -100,7 +100,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     communication = comm_report(tl, window, idle, coll)
     kind = workload(tl, names, launchers)
     training = kind is None or kind.mode == "training"  # without host operators to tell by, as the advice reads it
-    communication.parallelism, roles = classify(tl, coll, launchers, training)
+    communication.parallelism, roles = classify(tl, names, coll, launchers, training)
     communication.roles = role_split(coll, roles, idle) if roles else []
     devices = [
         DeviceReport(
