@@ -38,7 +38,7 @@ def job_mesh(meshes: list[list[MeshDim]]) -> list[MeshDim]:
 def mesh_gaps(meshes: list[list[MeshDim]], found: set[int]) -> list[str]:
     """``no trace of pp 1 (ranks 5, 7)``: the places of a dimension that no given rank holds, with the ranks the
     given ranks' groups put there; a job whose ranks are partly missing names which part of its mesh. One line per
-    dimension however many places it misses (``no trace of dp 1-511 (511 places, ranks 2-1023)``)."""
+    dimension however many places it misses (``no trace of 1,022 ranks, dp 1-511 (ranks 2-1023)``)."""
     placed: dict[str, dict[int, set[int]]] = {}
     for mesh in meshes:
         for m in mesh:
@@ -51,9 +51,12 @@ def mesh_gaps(meshes: list[list[MeshDim]], found: set[int]) -> list[str]:
         if not gaps:
             continue
         ranks = sorted({r for _, held in gaps for r in held})
-        where = (f"{dim} {gaps[0][0]} (ranks {', '.join(map(str, ranks))})" if len(gaps) == 1 else
-                 f"{dim} {ranges([p for p, _ in gaps])} ({len(gaps):,} places, {len(ranks):,} ranks: {ranges(ranks)})")
-        notes.append(f"no trace of {where}: its {DIMENSION_WORDS[dim]} part of the job is not in this analysis")
+        if len(gaps) == 1:
+            notes.append(f"no trace of {dim} {gaps[0][0]} (ranks {', '.join(map(str, ranks))}): its "
+                         f"{DIMENSION_WORDS[dim]} part of the job is not in this analysis")
+        else:
+            notes.append(f"no trace of {len(ranks):,} ranks, {dim} {ranges([p for p, _ in gaps])} (ranks "
+                         f"{ranges(ranks)}): not in this analysis")
     return notes
 
 
