@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from gpuidle.api import analyze
 from gpuidle.model import TRACKER_FORMAT, TraceMeta, TrackerEnd, TrackerHeader, TrackerStep, ranges
+from gpuidle.report.html import HtmlRenderer
+from gpuidle.report.markdown import MarkdownRenderer
 from gpuidle.report.terminal import TerminalRenderer
 from gpuidle.sources.job_facts import MAX_WORLD, check_job_facts
 from minitrace import Trace
@@ -85,6 +87,8 @@ def test_groups_larger_than_the_world_or_outside_it_are_set_aside(tmp_path: Path
                  {"pg_name": "21", "pg_desc": "mesh_cp", "pg_size": 2, "ranks": [1, 1]},
                  {"pg_name": "22", "pg_desc": "mesh_pp", "pg_size": 2**70}])
     report = analyze(job(tmp_path, 8, groups))
+    assert MarkdownRenderer().render(report)
+    assert HtmlRenderer().render(report)
     rank = report.ranks[0]
     (note,) = [n for n in rank.notes if "set aside" in n]
     assert note.startswith("19 process group(s) of 19 set aside (pg_config): 'mesh_tp': its size (a 302-digit "
@@ -124,6 +128,29 @@ def test_a_tracker_log_s_world_is_checked_as_a_trace_s(tmp_path: Path) -> None:
     assert any("world size 2147483647 is more ranks than any job runs" in n for n in notes)
     assert any("1 process group(s) of 1 set aside (pg_config): 'mesh_tp': its size (a 19-digit number) is more ranks"
                " than any job runs" in n for n in notes)
+
+
+GROUP = st.fixed_dictionaries(
+    {"pg_name": st.sampled_from(["0", "4", "7"]),
+     "pg_desc": st.sampled_from(["default_pg", "mesh_dp", "mesh_tp", "mesh_pp", "TENSOR_MODEL_PARALLEL_GROUP"])},
+    optional={"pg_size": st.one_of(st.integers(-2, 2**80), st.just(2**1000)),
+              "ranks": st.lists(st.integers(-3, 2**40), max_size=6)})
+
+
+@settings(max_examples=15, deadline=None)
+@given(world=st.one_of(st.none(), st.integers(1, 2**31 - 1)), groups=st.lists(GROUP, max_size=5))
+def test_any_claims_of_two_ranks_give_a_short_report(world: int | None, groups: list[dict[str, Any]]) -> None:
+    """Two ranks whatever their world and groups claim: a report in every format, within a screenful."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        report = analyze(job(Path(d), world, groups))
+    assert len(TerminalRenderer().render(report).splitlines()) < 200
+    assert len(report.to_json()) < 1 << 20
+    assert MarkdownRenderer().render(report)
+    assert HtmlRenderer().render(report)
+    for r in report.ranks:
+        assert all(m.size is None or m.size <= (r.world_size or MAX_WORLD) ** 5 for m in r.communication.mesh)
 
 
 @settings(max_examples=200, deadline=None)
