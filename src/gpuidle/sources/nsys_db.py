@@ -78,7 +78,7 @@ def connect(path: str) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(uri, uri=True)
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.DatabaseError as err:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as err:
         raise CorruptInput(f"{path}: not a readable SQLite file ({err})") from None
     return conn
 
