@@ -248,7 +248,8 @@ def startup_lines(r: RankReport) -> list[str]:
 
 def printable_report(report: T) -> T:
     """A copy of a report (msgspec structs, lists, dicts) with :func:`~gpuidle.report.text.printable` applied
-    to every string, for the renderers of text: no name from an input reaches the terminal raw.
+    to every string, for the renderers of text: no name from an input reaches the terminal raw. Renderers only
+    read it: where nothing needs cleaning, it is the report itself.
 
     Line breaks stay: fixes and notes are several lines by design. Each distinct string is cleaned once and numbers
     pass as they are: a profile of 100,000 steps repeats its few names in every step; a report whose JSON holds no
