@@ -86,6 +86,14 @@ def test_steps_apart_from_every_kernel_are_set_aside(tmp_path: Path) -> None:
     assert not any("none could be inferred" in n for n in rank.notes)
 
 
+def test_xspace_steps_apart_from_every_kernel_are_set_aside(tmp_path: Path) -> None:
+    """JAX's step markers a second before the kernels and their launches: before, six steps at 0 %."""
+    (rank,) = analyze([profile(tmp_path / "apart.xplane.pb", apart_ps=10**12)]).ranks
+    assert rank.window.kind == "gpu_activity"
+    assert rank.primary().utilization > 0.5
+    assert any("6 step(s) of the trace (profiler_step) lie outside the device's work" in n for n in rank.notes)
+
+
 def test_an_xspace_steps_event_days_late_is_set_aside(tmp_path: Path) -> None:
     """One ``Steps`` event 52 days late: before, a window of 52 days at 0 % utilization; now five 1 ms steps."""
     (rank,) = analyze([profile(tmp_path / "late.xplane.pb", steps_line=True, late_ps=52 * DAY_PS)]).ranks

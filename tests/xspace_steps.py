@@ -19,10 +19,11 @@ def _stat(plane: Any, event: Any, name: str, **value: object) -> None:
 
 
 def profile(path: Path, steps: int = 6, step_num: dict[str, Any] | None = None, steps_line: bool = False,
-            late_ps: int = 0) -> Path:
+            late_ps: int = 0, apart_ps: int = 0) -> Path:
     """``steps`` steps of :data:`STEP_US`, each one kernel of :data:`KERNEL_US` launched at its start.
     ``step_num``: the stat value of the first marker (``{"double_value": inf}``); ``steps_line``: write the GPU
-    plane's ``Steps`` line; ``late_ps``: move the last step (its marker, or its ``Steps`` event) that much later."""
+    plane's ``Steps`` line; ``late_ps``: move the last step (its marker, or its ``Steps`` event) that much later;
+    ``apart_ps``: move the kernels and their launches that much later than every step."""
     from gpuidle.sources.xplane import xplane_pb2
 
     space = xplane_pb2.XSpace(hostnames=["node-a"])
@@ -38,9 +39,9 @@ def profile(path: Path, steps: int = 6, step_num: dict[str, Any] | None = None, 
     for n in range(steps):
         at = n * STEP_US * 1_000_000
         late = late_ps if n == steps - 1 else 0
-        k = stream.events.add(metadata_id=1, offset_ps=at + 20_000_000, duration_ps=KERNEL_US * 1_000_000)
+        k = stream.events.add(metadata_id=1, offset_ps=apart_ps + at + 20_000_000, duration_ps=KERNEL_US * 1_000_000)
         _stat(gpu, k, "correlation_id", uint64_value=100 + n)
-        launch = api.events.add(metadata_id=1, offset_ps=at + 5_000_000, duration_ps=3_000_000)
+        launch = api.events.add(metadata_id=1, offset_ps=apart_ps + at + 5_000_000, duration_ps=3_000_000)
         _stat(host, launch, "correlation_id", uint64_value=100 + n)
         mark = marks.events.add(metadata_id=2, offset_ps=at + (0 if line else late), duration_ps=STEP_US * 1_000_000)
         _stat(host, mark, "step_num", **(step_num if step_num and n == 0 else {"int64_value": n}))
