@@ -81,6 +81,7 @@ def test_steps_apart_from_every_kernel_are_set_aside(tmp_path: Path) -> None:
     for n in range(5):
         t.launch(at=10_000_000 + n * 1000.0, call_dur=5, start=10_000_100 + n * 1000.0, dur=800)
     (rank,) = analyze([t.write(tmp_path / "apart.json.gz")]).ranks
+    assert rank.step_source == "set_aside"
     assert rank.primary().utilization > 0.8
     assert any("lie outside the device's work: set aside" in n for n in rank.notes)
     assert not any("none could be inferred" in n for n in rank.notes)

@@ -79,7 +79,8 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     steps, aside = on_device_work(find_steps(tl, names), ops.start, ops.end, calls)
     if len(steps) == 0:
         start, end = int(ops.start.min()), int(ops.end.max())
-        one = Steps(np.zeros(1, dtype=np.int64), np.array([start]), np.array([end]), "none")
+        source = SET_ASIDE if aside else "none"
+        one = Steps(np.zeros(1, dtype=np.int64), np.array([start]), np.array([end]), source)
         return StepWindow(one, start, end, "gpu_activity", aside)
     start, host_end = int(steps.start[0]), int(steps.end[-1])
     inside = (launched >= start) & (launched < host_end)
@@ -93,6 +94,8 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
 
 
 I64_MAX = (1 << 63) - 1
+SET_ASIDE = "set_aside"
+"""The step source of a window whose trace's steps all lie outside the device's work."""
 
 
 def on_device_work(steps: Steps, op_start: I64, op_end: I64, calls: tuple[I64, I64]) -> tuple[Steps, str | None]:

@@ -64,6 +64,7 @@ STEP_SOURCE_WORDS = {
     "inferred:xla_program": "steps inferred from the compiled program's calls: no step markers in this profile",
     "inferred:nvtx_step_ranges": "steps from ranges named like steps",
     "none": "no step markers: the window is first to last GPU activity",
+    "set_aside": "the trace's steps lie outside the device's work: the window is first to last GPU activity",
 }
 """Where a rank's steps came from (``RankReport.step_source``), in the order they are taken; docs/numbers.md
 holds the same table."""
