@@ -85,6 +85,11 @@ def test_an_xspace_step_number_beyond_64_bits(tmp_path: Path, value: dict[str, A
     one_line_error(profile(tmp_path / "h.xplane.pb", step_num=value), shown, "beyond a 64-bit integer")
 
 
+@pytest.mark.parametrize("ids", [{"gpu_id": 1 << 40}, {"stream_id": 10**20}])
+def test_an_xspace_gpu_or_stream_numbered_past_32_bits(tmp_path: Path, ids: dict[str, int]) -> None:
+    one_line_error(profile(tmp_path / "h.xplane.pb", **ids), "numbers a GPU or a stream past 32 bits")
+
+
 def test_an_xspace_marker_days_late_is_refused_as_a_span(tmp_path: Path) -> None:
     one_line_error(profile(tmp_path / "h.xplane.pb", late_ps=52 * DAY_PS), "the events span 52 days")
 

@@ -19,17 +19,18 @@ def _stat(plane: Any, event: Any, name: str, **value: object) -> None:
 
 
 def profile(path: Path, steps: int = 6, step_num: dict[str, Any] | None = None, steps_line: bool = False,
-            late_ps: int = 0, apart_ps: int = 0) -> Path:
+            late_ps: int = 0, apart_ps: int = 0, gpu_id: int = 0, stream_id: int = 5) -> Path:
     """``steps`` steps of :data:`STEP_US`, each one kernel of :data:`KERNEL_US` launched at its start.
     ``step_num``: the stat value of the first marker (``{"double_value": inf}``); ``steps_line``: write the GPU
     plane's ``Steps`` line; ``late_ps``: move the last step (its marker, or its ``Steps`` event) that much later;
-    ``apart_ps``: move the kernels and their launches that much later than every step."""
+    ``apart_ps``: move the kernels and their launches that much later than every step; ``gpu_id``, ``stream_id``:
+    the numbers in the GPU plane's and the stream line's names."""
     from gpuidle.sources.xplane import xplane_pb2
 
     space = xplane_pb2.XSpace(hostnames=["node-a"])
-    gpu = space.planes.add(id=1, name="/device:GPU:0")
+    gpu = space.planes.add(id=1, name=f"/device:GPU:{gpu_id}")
     gpu.event_metadata[1].id, gpu.event_metadata[1].name = 1, "fusion_kernel"
-    stream = gpu.lines.add(id=5, name="Stream #5(Kernel)", timestamp_ns=1_000)
+    stream = gpu.lines.add(id=5, name=f"Stream #{stream_id}(Kernel)", timestamp_ns=1_000)
     host = space.planes.add(id=2, name="/host:CPU")
     host.event_metadata[1].id, host.event_metadata[1].name = 1, "cuLaunchKernel"
     host.event_metadata[2].id, host.event_metadata[2].name = 2, "train"
