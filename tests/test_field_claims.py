@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from gpuidle.cli import main
 from gpuidle.jobs import rank
 from nsysexport import Export
-from xspace_steps import profile
+from xspace_steps import profile, xprof_json
 
 DAY_PS = 86400 * 10**12
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -88,6 +88,12 @@ def test_an_xspace_step_number_beyond_64_bits(tmp_path: Path, value: dict[str, A
 @pytest.mark.parametrize("ids", [{"gpu_id": 1 << 40}, {"stream_id": 10**20}])
 def test_an_xspace_gpu_or_stream_numbered_past_32_bits(tmp_path: Path, ids: dict[str, int]) -> None:
     one_line_error(profile(tmp_path / "h.xplane.pb", **ids), "numbers a GPU or a stream past 32 bits")
+
+
+@pytest.mark.parametrize("ts", [1e300, -1e20])
+def test_an_xprof_json_time_past_int64_nanoseconds(tmp_path: Path, ts: float) -> None:
+    """Before: a RuntimeWarning on stderr and a report of wrapped times."""
+    one_line_error(xprof_json(tmp_path / "h.trace.json.gz", ts), f"event 'train' has ts {ts} µs", "not a time")
 
 
 def test_an_xspace_marker_days_late_is_refused_as_a_span(tmp_path: Path) -> None:

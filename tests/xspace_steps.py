@@ -51,3 +51,23 @@ def profile(path: Path, steps: int = 6, step_num: dict[str, Any] | None = None, 
             line.events.add(metadata_id=10 + n, offset_ps=at + late, duration_ps=STEP_US * 1_000_000)
     path.write_bytes(space.SerializeToString())
     return path
+
+
+def xprof_json(path: Path, first_ts_us: float = 0.0) -> Path:
+    """The Chrome-trace JSON xprof writes from an XSpace: five 1 ms ``train`` markers over 600 µs kernels; the
+    first marker at ``first_ts_us``."""
+    import gzip
+    import json
+
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 5, "args": {"name": "Stream #5(Kernel)"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+        {"ph": "M", "name": "thread_name", "pid": 2, "tid": 7, "args": {"name": "python"}}]
+    for n in range(5):
+        events.append({"ph": "X", "name": "fusion_kernel", "pid": 1, "tid": 5, "ts": STEP_US * n + 20.0,
+                       "dur": float(KERNEL_US)})
+        events.append({"ph": "X", "name": "train", "pid": 2, "tid": 7, "ts": first_ts_us if n == 0 else STEP_US * n,
+                       "dur": float(STEP_US), "args": {"step_num": n}})
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    return path

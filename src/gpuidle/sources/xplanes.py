@@ -21,6 +21,7 @@ import numpy as np
 from gpuidle.errors import CorruptInput, GpuidleError, NotATrace
 from gpuidle.model import I64
 from gpuidle.sources.jsonstream import TraceStream
+from gpuidle.sources.kineto_columns import MAX_SPAN_US, MAX_TS_US
 
 CORRELATION = "correlation_id"
 STEP = "step_num"
@@ -260,6 +261,17 @@ def _decode_json_chunk(text: bytes) -> list[_JsonEvent]:
         raise msgspec.DecodeError(str(err)) from None
 
 
+def _check_times(path: str, events: list[_JsonEvent], us: np.ndarray, dur: np.ndarray) -> None:
+    """Raise on the first event whose ``ts`` or ``dur`` is no time: not finite, past int64 nanoseconds, or a
+    duration longer than a trace may cover."""
+    with np.errstate(invalid="ignore"):
+        bad = ~((np.abs(us) <= MAX_TS_US) & (dur <= MAX_SPAN_US))  # NaN compares False
+    if bad.any():
+        e = events[int(np.flatnonzero(bad)[0])]
+        raise CorruptInput(f"{path}: event '{e.name[:60]}' has ts {e.ts} µs and dur {e.dur} µs: not a time",
+                           "a damaged file; export the profile again")
+
+
 def read_json(path: str) -> Space:
     """Read the Chrome-trace JSON that xprof writes from an XSpace into the same planes.
 
@@ -289,6 +301,7 @@ def read_json(path: str) -> Space:
             continue
         us = np.array([e.ts for e in events], dtype=np.float64)
         dur = np.array([e.dur for e in events], dtype=np.float64)
+        _check_times(path, events, us, dur)
         whole = np.floor(us)  # µs to ns without losing the integer part of large timestamps
         start = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
         end = start + np.rint(np.maximum(dur, 0.0) * 1000.0).astype(np.int64)
