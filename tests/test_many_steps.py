@@ -6,13 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuidle.analysis import names as n
 from gpuidle.analysis.names import NameClasses
 from gpuidle.api import analyze
+from gpuidle.model import Source
 from gpuidle.report.common import printable_report
+from gpuidle.report.text import printable
 from minitrace import Trace
 
 HOST_RANGES = ["ProfilerStep", "Optimizer.step", "Optimizer.zero_grad", "enumerate(DataLoader)", "my_region",
@@ -54,3 +56,15 @@ def test_every_step_of_a_long_profile_keeps_its_figures(tmp_path: Path) -> None:
     for s in rank.steps:
         assert abs(s.busy_s + sum(s.idle_by_cause_s.values()) - s.dur_s) < 1e-12
     assert printable_report(report) == report
+
+
+@settings(max_examples=300, deadline=None)
+@example(["a\x7fb"]).via("DEL, left raw by JSON")
+@example(["\u202e", "é"]).via("an override beside other text beyond ASCII")
+@given(st.lists(st.text(alphabet=st.one_of(st.sampled_from(list("a\n\t\r\x1b\x7f\x85\u061c\u202e\u2066é\\\"")),
+                                         st.characters(codec="utf-8")), max_size=6), max_size=4))
+def test_a_report_is_printed_as_it_is_only_where_every_string_is_printable(paths: list[str]) -> None:
+    """The shortcut over the report's JSON agrees with cleaning every string (DEL, C1 controls, bidirectional
+    overrides, escapes JSON writes)."""
+    source = Source(paths=paths, format="kineto")
+    assert printable_report(source).paths == [printable(p, keep_newlines=True) for p in paths]

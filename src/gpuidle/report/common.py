@@ -283,17 +283,21 @@ def printable_report(report: T) -> T:
     return out
 
 
-_JSON_ESCAPES = ("\\u", "\\b", "\\f", "\\r", "\\t")
+_JSON_ESCAPES = (b"\\u", b"\\b", b"\\f", b"\\r", b"\\t")
 """How JSON writes a control character (a line break, ``\\n``, stays in a report's text)."""
 
 
 def _already_printable(report: object) -> bool:
     """Whether every string in ``report`` is printable already: one pass over its JSON, in C."""
     try:
-        text = msgspec.json.encode(report).decode()
+        data = msgspec.json.encode(report)
     except (TypeError, ValueError, msgspec.EncodeError):  # lone surrogates, a type JSON does not hold
         return False
-    return not any(e in text for e in _JSON_ESCAPES) and all_printable(text, keep_newlines=True)
+    if any(e in data for e in _JSON_ESCAPES):
+        return False
+    if data.isascii():
+        return b"\x7f" not in data  # DEL: the one ASCII character JSON leaves raw and printable escapes
+    return all_printable(data.decode(), keep_newlines=True)
 
 
 ROLE_TEXT = {
