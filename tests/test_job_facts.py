@@ -111,6 +111,19 @@ def test_a_thousand_rank_mesh_with_two_ranks_traced_names_its_gap_in_one_line(tm
     assert len(TerminalRenderer().render(report).splitlines()) < 200
 
 
+def test_a_group_past_the_listed_size_is_counted_not_listed(tmp_path: Path) -> None:
+    """tp 2 × dp 10,000 with ranks 0 and 1 traced: no rank's report lists 10,000 ranks of its dp group (one such list
+    per rank grows with the square of the job); the job counts the ranks it misses."""
+    groups = [{"pg_name": "4", "pg_desc": "mesh_dp", "pg_size": 10_000, "ranks": None},
+              {"pg_name": "7", "pg_desc": "mesh_tp", "pg_size": 2, "ranks": [0, 1]}]
+    report = analyze(job(tmp_path, 20_000, lambda r: [{**g, "ranks": list(range(r, 20_000, 2))}
+                                                     if g["pg_name"] == "4" else g for g in groups]))
+    assert report.job is not None
+    assert all(m.ranks == [] for r in report.ranks for m in r.communication.mesh if m.dim == "dp")
+    assert "2 of 20000 ranks present: waits are relative to the ranks present" in report.job.notes
+    assert len(report.to_json()) < 300_000
+
+
 def test_a_tracker_log_s_world_is_checked_as_a_trace_s(tmp_path: Path) -> None:
     """Two ranks' tracker logs claiming a world of 2³¹ − 1 and a tensor-parallel group of 2⁷⁰: no rank list the
     size of that world, the group set aside, one note each."""

@@ -39,6 +39,7 @@ from gpuidle.model import (
     Window,
 )
 from gpuidle.model.arrays import distinct
+from gpuidle.model.mesh import MeshDim
 
 TOP_PYTHON = 5
 
@@ -59,6 +60,18 @@ class RankAnalysis(msgspec.Struct, frozen=True):
 
 def _s(ns: float) -> float:
     return float(ns) / 1e9
+
+
+LISTED_RANKS = 4096
+"""The most ranks a dimension's group lists in a rank's report: one list per rank, each as long as its group, grows
+with the square of the job (200,000 ranks of dp 100,000: 100,000 numbers in every rank's report); past it the
+job counts its missing ranks instead of placing them."""
+
+
+def _bound_listed(mesh: list[MeshDim]) -> None:
+    for m in mesh:
+        if len(m.ranks) > LISTED_RANKS:
+            m.ranks = []
 
 
 def _seconds(ns: np.ndarray) -> list[float]:
@@ -125,6 +138,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     excluded = truncated_edges(span, [NO_GPU_WORK if not with_work[i] else e for i, e in enumerate(excluded)])
     calls = main_calls(tl, names, launchers, primary, bounds, span)
     communication.mesh, by_dim, comm_dims = mesh_dims(tl, coll, primary, bounds, under)
+    _bound_listed(communication.mesh)
     steps = _step_reports(window.steps.number, bounds, span, primary, excluded, by_collective, calls, by_dim)
     notes = list(tl.meta.notes) + quality_notes(tl, names, window, kernels)
     if len(idle) > 1:
