@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuidle.analysis.steps import counted
-from gpuidle.model import RankReport, duration
+from gpuidle.model import RankReport, duration, ranges
 from gpuidle.model.mesh import DIMENSION_WORDS, DIMENSIONS, SHAPE, MeshDim
 
 PACE_NOISE = 0.05
@@ -36,8 +36,9 @@ def job_mesh(meshes: list[list[MeshDim]]) -> list[MeshDim]:
 
 
 def mesh_gaps(meshes: list[list[MeshDim]], found: set[int]) -> list[str]:
-    """``no trace of pp 1 (ranks 5, 7)``: each place of a dimension that no given rank holds, with the ranks the
-    given ranks' groups put there; a job whose ranks are partly missing names which part of its mesh."""
+    """``no trace of pp 1 (ranks 5, 7)``: the places of a dimension that no given rank holds, with the ranks the
+    given ranks' groups put there; a job whose ranks are partly missing names which part of its mesh. One line per
+    dimension however many places it misses (``no trace of 1,022 ranks, dp 1-511 (ranks 2-1023)``)."""
     placed: dict[str, dict[int, set[int]]] = {}
     for mesh in meshes:
         for m in mesh:
@@ -46,10 +47,16 @@ def mesh_gaps(meshes: list[list[MeshDim]], found: set[int]) -> list[str]:
                     placed.setdefault(m.dim, {}).setdefault(place, set()).add(r)
     notes = []
     for dim in SHAPE:
-        for place, ranks in sorted(placed.get(dim, {}).items()):
-            if not ranks & found:
-                notes.append(f"no trace of {dim} {place} (ranks {', '.join(map(str, sorted(ranks)))}): "
-                             f"its {DIMENSION_WORDS[dim]} part of the job is not in this analysis")
+        gaps = [(place, ranks) for place, ranks in sorted(placed.get(dim, {}).items()) if not ranks & found]
+        if not gaps:
+            continue
+        ranks = sorted({r for _, held in gaps for r in held})
+        if len(gaps) == 1:
+            notes.append(f"no trace of {dim} {gaps[0][0]} (ranks {', '.join(map(str, ranks))}): its "
+                         f"{DIMENSION_WORDS[dim]} part of the job is not in this analysis")
+        else:
+            notes.append(f"no trace of {len(ranks):,} ranks, {dim} {ranges([p for p, _ in gaps])} (ranks "
+                         f"{ranges(ranks)}): not in this analysis")
     return notes
 
 

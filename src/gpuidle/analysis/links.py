@@ -27,5 +27,8 @@ def launcher_rows(tl: Timeline) -> I64:
 
 
 def launch_times(tl: Timeline, rows: I64) -> I64:
-    """Host time each device op was launched; its own start where the launcher is unknown."""
+    """Host time each device op was launched; its own start where the launcher is unknown (every op's, in a trace
+    of device events alone)."""
+    if tl.host.start.size == 0:
+        return tl.device_ops.start.copy()
     return np.where(rows >= 0, tl.host.start[np.maximum(rows, 0)], tl.device_ops.start)

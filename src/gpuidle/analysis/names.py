@@ -19,6 +19,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.model import FILE_READ_CALLS, XLA_DISPATCH
+from gpuidle.model.arrays import distinct
 
 Fact = tuple[re.Pattern[str], ...]
 """A name has the fact where any of the patterns is found in it."""
@@ -113,6 +114,21 @@ FOLDED = frozenset({DATA_LOADING, ENGINE, GEMM, CONV, NOT_MATRIX_MATH, REDUCED_P
 """The patterns written in lowercase, for lowercased names."""
 
 
+NUMBERED = re.compile(r"#\d+$")
+"""A name's trailing ``#N`` (``ProfilerStep#41``, ``Optimizer.step#Adam.step``'s kin): no pattern tells one number
+from another, so the names are classified once per shape, not once per step."""
+
+
+def shapes(strings: list[str]) -> tuple[list[str], np.ndarray]:
+    """The distinct shapes of ``strings`` (a trailing ``#N`` read as ``#0``) and each string's index among them:
+    100,000 profiler steps are one name to classify."""
+    index: dict[str, int] = {}
+    inverse = np.fromiter((index.setdefault(NUMBERED.sub("#0", s) if s[-1:].isdigit() and "#" in s else s, len(index))
+                           for s in strings),
+                          dtype=np.int64, count=len(strings))
+    return list(index), inverse
+
+
 def _mask(strings: list[str], test: Fact | frozenset[str]) -> np.ndarray:
     if isinstance(test, frozenset):
         return np.fromiter((s in test for s in strings), dtype=bool, count=len(strings))
@@ -145,13 +161,30 @@ class NameClasses(msgspec.Struct, frozen=True):
     gemm: np.ndarray
     conv: np.ndarray
     reduced_precision: np.ndarray
+    shaped: list[str]
+    """The distinct shapes of the names (:func:`shapes`), for a pattern tested once per shape..."""
+    shape: np.ndarray
+    """...and each name's index among them."""
+
+    def matching(self, pattern: re.Pattern[str], rows: np.ndarray | None = None) -> np.ndarray:
+        """Which names (of string ids ``rows``, all where None) ``pattern`` finds, searched once per shape."""
+        ids = self.shape if rows is None else self.shape[rows]
+        tested = distinct(ids)
+        hit = np.zeros(len(self.shaped), dtype=bool)
+        hit[tested] = [pattern.search(self.shaped[i]) is not None for i in tested.tolist()]
+        found: np.ndarray = hit[ids]
+        return found
 
     @classmethod
     def of(cls, strings: list[str]) -> NameClasses:
-        lowered = [s.lower() for s in strings]
+        shaped, of_shape = shapes(strings)
+        lowered = [s.lower() for s in shaped]
 
         def mask(test: Fact | frozenset[str]) -> np.ndarray:
-            return _mask(lowered if test in FOLDED else strings, test)
+            if isinstance(test, frozenset):
+                return _mask(strings, test)
+            found: np.ndarray = _mask(lowered if test in FOLDED else shaped, test)[of_shape]
+            return found
 
         matrix_math = ~mask(NOT_MATRIX_MATH)  # once, for GEMMs and convolutions alike
         return cls(
@@ -175,4 +208,5 @@ class NameClasses(msgspec.Struct, frozen=True):
             gemm=mask(GEMM) & matrix_math,
             conv=mask(CONV) & matrix_math,
             reduced_precision=mask(REDUCED_PRECISION),
+            shaped=shaped, shape=of_shape,
         )

@@ -19,7 +19,7 @@ the framework's step annotation)."""
 
 def quality_notes(tl: Timeline, names: NameClasses, window: StepWindow, kernels: KernelFacts) -> list[str]:
     notes: list[str] = []
-    if window.kind == "gpu_activity":
+    if window.kind == "gpu_activity" and not window.note:
         notes.append("no profiler steps and none could be inferred: the window is first to last GPU activity")
     elif window.kind == "inferred_steps" and tl.meta.format in STEP_MARKERS:
         notes.append(f"no {STEP_MARKERS[tl.meta.format]}: steps inferred ({window.steps.source})")

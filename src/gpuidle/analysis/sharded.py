@@ -32,6 +32,7 @@ import numpy as np
 from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.comm import Collectives
 from gpuidle.analysis.idle import DeviceIdle
+from gpuidle.analysis.names import NameClasses
 from gpuidle.model import I32, I64, CommRole, HostKind, Timeline
 
 FSDP_PREFIX = "FSDP::"
@@ -81,17 +82,21 @@ def role_of(collective: str, phase: str, parallelism: str) -> str:
     return "other"
 
 
-def classify(tl: Timeline, coll: Collectives, launchers: I64, training: bool) -> tuple[str, list[str]]:
-    """The job's style and each collective's role; ``training``: the program runs a backward pass."""
+def classify(tl: Timeline, names: NameClasses, coll: Collectives, launchers: I64,
+             training: bool) -> tuple[str, list[str]]:
+    """The job's style and each collective's role; ``training``: the program runs a backward pass. Names are
+    tested once per shape (:meth:`NameClasses.matching`'s): a profile's many ``ProfilerStep#N`` are one."""
     host = tl.host
 
     def named(marks: tuple[str, ...]) -> np.ndarray:
-        return np.array([s.startswith(marks) for s in tl.strings], dtype=bool)
+        found: np.ndarray = np.array([s.startswith(marks) for s in names.shaped], dtype=bool)[names.shape]
+        return found
 
     marked = named(_MARKS)
     rows = np.flatnonzero(marked[host.name] & (host.kind != HostKind.RUNTIME)) if marked.size else \
         np.zeros(0, dtype=np.int64)
-    labelled = parallelism_of({tl.strings[int(i)] for i in iv.sorted_unique(host.name[rows].astype(np.int64))})
+    shapes = iv.sorted_unique(names.shape[host.name[rows]].astype(np.int64))
+    labelled = parallelism_of({names.shaped[int(i)] for i in shapes})
     forward = rows[named(FORWARD_MARKS)[host.name[rows]]] if rows.size else rows
     main = int(np.bincount(host.thread[forward]).argmax()) if forward.size else -1
     launch = launchers[coll.op] if len(coll.op) else np.zeros(0, dtype=np.int64)

@@ -85,7 +85,7 @@ def find_startup(tl: Timeline, names: NameClasses, window: StepWindow, launchers
     for k, p in (("context", CONTEXT), ("module_load", MODULE), ("allocation", ALLOCATION), ("stream", STREAM),
                  ("compile", COMPILE)):
         classes[k] = np.zeros(len(strings), dtype=bool)
-        classes[k][named] = [p.search(strings[i]) is not None for i in named.tolist()]
+        classes[k][named] = names.matching(p, named)
     last_work = int(tl.device_ops.start.max()) if len(tl.device_ops.start) else np.iinfo(np.int64).max
     for i in long[rt & classes["context"][name]]:
         if _first_of_name(host, int(i)) and host.start[i] < last_work:  # with no device work after it: a teardown
@@ -97,19 +97,19 @@ def find_startup(tl: Timeline, names: NameClasses, window: StepWindow, launchers
         found.setdefault(int(i), ("compile", strings[host.name[i]]))
     _allocations(tl, window, long[rt & classes["allocation"][name]], found)
     _first_launches(tl, names, launchers, found)
-    ends = _graph_captures(tl, found)
+    ends = _graph_captures(tl, names, found)
     rows = np.array(sorted(found, key=lambda r: (int(host.start[r]), r)), dtype=np.int64)
     end = np.array([ends.get(int(r), int(host.end[r])) for r in rows], dtype=np.int64)
     return Startup(rows, [found[int(r)][0] for r in rows], [found[int(r)][1] for r in rows],
                    host.start[rows].copy(), end)
 
 
-def _graph_captures(tl: Timeline, found: dict[int, tuple[str, str]]) -> dict[int, int]:
+def _graph_captures(tl: Timeline, names: NameClasses, found: dict[int, tuple[str, str]]) -> dict[int, int]:
     """Graph captures and instantiations: each ``BeginCapture`` row with the end of the ``EndCapture`` that
     closes it on its thread (the whole capture is one cost, however short each call), and each instantiation of
     at least :data:`STARTUP_MIN_NS`. Returns the capture rows' span ends."""
     host, strings = tl.host, tl.strings
-    ids = {kind: np.array([i for i, s in enumerate(strings) if p.match(s)], dtype=np.int64)
+    ids = {kind: np.flatnonzero(names.matching(p))
            for kind, p in (("begin", BEGIN_CAPTURE), ("end", END_CAPTURE), ("instantiate", INSTANTIATE))}
     rt = host.kind == HostKind.RUNTIME
     ends: dict[int, int] = {}

@@ -12,9 +12,10 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.links import launch_times, launcher_rows
 from gpuidle.analysis.names import NameClasses
-from gpuidle.model import I64, HostKind, StepReport, Steps, Timeline
+from gpuidle.model import I64, HostKind, StepReport, Steps, Timeline, ranges
 
 
 class StepWindow(msgspec.Struct, frozen=True):
@@ -71,20 +72,82 @@ def _outermost(starts: I64, ends: I64, rows: I64) -> I64:
 def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) -> StepWindow:
     """The steps and the window they span, to the end of the last device work launched inside them;
     ``launchers``: :func:`~gpuidle.analysis.links.launcher_rows` of ``tl``, where the caller has them."""
-    steps = find_steps(tl, names)
     ops = tl.device_ops
+    launched = launch_times(tl, launcher_rows(tl) if launchers is None else launchers)
+    runtime = tl.host.kind == HostKind.RUNTIME
+    calls = (np.append(launched, tl.host.start[runtime]), np.append(ops.end, tl.host.end[runtime]))
+    steps, aside = on_device_work(find_steps(tl, names), ops.start, ops.end, calls)
     if len(steps) == 0:
         start, end = int(ops.start.min()), int(ops.end.max())
-        one = Steps(np.zeros(1, dtype=np.int64), np.array([start]), np.array([end]), "none")
-        return StepWindow(one, start, end, "gpu_activity")
+        source = SET_ASIDE if aside else "none"
+        one = Steps(np.zeros(1, dtype=np.int64), np.array([start]), np.array([end]), source)
+        return StepWindow(one, start, end, "gpu_activity", aside)
     start, host_end = int(steps.start[0]), int(steps.end[-1])
-    launched = launch_times(tl, launcher_rows(tl) if launchers is None else launchers)
     inside = (launched >= start) & (launched < host_end)
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
     kind = "inferred_steps" if steps.source.startswith("inferred:") else "profiler_steps"
     moved, note = device_side(steps, ops.start, launched)
     end, tail = _without_tail(tl, int(steps.start[-1]), moved, host_end, gpu_end if inside.any() else start)
-    return StepWindow(moved, int(moved.start[0]), end, kind, "; ".join(n for n in (note, tail) if n) or None)
+    moved, cut = clipped(moved, end)
+    notes = "; ".join(n for n in (aside, note, tail, cut) if n) or None
+    return StepWindow(moved, int(moved.start[0]), end, kind, notes)
+
+
+I64_MAX = (1 << 63) - 1
+SET_ASIDE = "set_aside"
+"""The step source of a window whose trace's steps all lie outside the device's work."""
+
+
+def on_device_work(steps: Steps, op_start: I64, op_end: I64, calls: tuple[I64, I64]) -> tuple[Steps, str | None]:
+    """The steps that cover the device's work: none where no step overlaps a device op or holds a call to the
+    device (steps from a clock or a process apart from the kernels'); else those within a typical step of the
+    span of the device's work and the host's calls to it (``calls``: their starts, launches included, and ends),
+    each ending by then (a step event written days late is a damaged one), with a note naming the steps set
+    aside."""
+    if len(steps) == 0:
+        return steps, None
+    lo, hi = int(min(op_start.min(), calls[0].min())), int(max(op_end.max(), calls[1].max()))
+    touches = _overlaps_work(steps, op_start, op_end, calls[0])
+    if not touches.any():
+        return _take(steps, touches), (f"the {len(steps)} step(s) of the trace ({steps.source}) lie outside the "
+                                       "device's work: set aside, the window is the device's activity")
+    margin = int(np.median((steps.end - steps.start)[touches]))
+    keep = (steps.end > lo - margin) & (steps.start < hi + margin)
+    near = _take(steps, keep)
+    near = Steps(near.number, near.start, np.minimum(near.end, min(hi + margin, I64_MAX)), near.source)
+    if keep.all():
+        return near, None
+    return near, (f"step(s) {ranges(steps.number[~keep].tolist())} lie more than a step away from the device's "
+                  "work: set aside")
+
+
+def _overlaps_work(steps: Steps, op_start: I64, op_end: I64, calls: I64) -> npt.NDArray[np.bool_]:
+    """Which steps overlap a device op or hold a call to the device (a host running ahead launches work that runs
+    after its step)."""
+    us, ue = iv.union(op_start, op_end)
+    before = np.searchsorted(us, steps.end, side="left") - 1
+    on_device = (before >= 0) & (ue[np.maximum(before, 0)] > steps.start) if us.size else before >= 0
+    ordered = np.sort(calls)
+    held = np.searchsorted(ordered, steps.end, side="left") > np.searchsorted(ordered, steps.start, side="left")
+    out: npt.NDArray[np.bool_] = on_device | held
+    return out
+
+
+def clipped(steps: Steps, end: int) -> tuple[Steps, str | None]:
+    """``steps`` within a window ending at ``end``: a step that would begin at or after it (a trailing step that
+    launched nothing, moved to the device's side) is left out with a note, the last one ends by ``end``; the
+    first step is kept whatever, begun no later than ``end``."""
+    keep = steps.start < end
+    keep[0] = True
+    out = _take(steps, keep)
+    out = Steps(out.number, np.minimum(out.start, end), np.minimum(out.end, end), out.source)
+    if keep.all():
+        return out, None
+    return out, f"step(s) {ranges(steps.number[~keep].tolist())} begin after the window's end: left out"
+
+
+def _take(steps: Steps, keep: npt.NDArray[np.bool_]) -> Steps:
+    return Steps(steps.number[keep], steps.start[keep], steps.end[keep], steps.source)
 
 
 TAIL_SHARE = 0.1

@@ -32,12 +32,14 @@ from gpuidle.model import (
     PythonHotspot,
     RankReport,
     StartupCost,
+    StepCall,
     StepReport,
     SyncSource,
     Timeline,
     Window,
 )
 from gpuidle.model.arrays import distinct
+from gpuidle.model.mesh import MeshDim
 
 TOP_PYTHON = 5
 
@@ -60,6 +62,45 @@ def _s(ns: float) -> float:
     return float(ns) / 1e9
 
 
+LISTED_RANKS = 4096
+"""The most ranks a dimension's group lists in a rank's report: one list per rank, each as long as its group, grows
+with the square of the job (200,000 ranks of dp 100,000: 100,000 numbers in every rank's report); past it the
+job counts its missing ranks instead of placing them."""
+
+
+def _bound_listed(mesh: list[MeshDim]) -> None:
+    for m in mesh:
+        if len(m.ranks) > LISTED_RANKS:
+            m.ranks = []
+
+
+def _seconds(ns: np.ndarray) -> list[float]:
+    """Nanoseconds as seconds, each as :func:`_s` gives it, converted at once."""
+    out: list[float] = (np.asarray(ns, dtype=np.float64) / 1e9).tolist()
+    return out
+
+
+def _step_reports(number: I64, bounds: I64, span: I64, primary: DeviceIdle,
+                  excluded: list[str | None], by_collective: list[dict[str, float]], calls: list[dict[str, StepCall]],
+                  by_dim: list[dict[str, float]]) -> list[StepReport]:
+    """One report per step of the primary device, its figures converted per column rather than per step (100,000
+    steps in a profile are 100,000 rows)."""
+    causes = [c.value for c in CAUSES]
+    start, dur, busy = _seconds(bounds[:-1]), _seconds(span), _seconds(primary.step_busy)
+    idle = _seconds(primary.step_idle.sum(axis=1))
+    by_cause: list[list[float]] = (primary.step_idle.astype(np.float64) / 1e9).tolist()
+    startup, zero_grad = _seconds(primary.step_startup), _seconds(primary.step_zero_grad)
+    return [
+        StepReport(
+            step=n, start_s=start[i], dur_s=dur[i], busy_s=busy[i], idle_s=idle[i],
+            idle_by_cause_s=dict(zip(causes, by_cause[i], strict=True)), excluded=excluded[i],
+            startup_s=startup[i], exposed_comm_s=by_collective[i], zero_grad_launch_s=zero_grad[i],
+            main_calls=calls[i], comm_by_dim_s=by_dim[i],
+        )
+        for i, n in enumerate(number.tolist())
+    ]
+
+
 def summarize_rank(tl: Timeline) -> RankAnalysis:
     names = NameClasses.of(tl.strings)
     launchers = launcher_rows(tl)
@@ -72,7 +113,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     communication = comm_report(tl, window, idle, coll)
     kind = workload(tl, names, launchers)
     training = kind is None or kind.mode == "training"  # without host operators to tell by, as the advice reads it
-    communication.parallelism, roles = classify(tl, coll, launchers, training)
+    communication.parallelism, roles = classify(tl, names, coll, launchers, training)
     communication.roles = role_split(coll, roles, idle) if roles else []
     devices = [
         DeviceReport(
@@ -97,17 +138,8 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     excluded = truncated_edges(span, [NO_GPU_WORK if not with_work[i] else e for i, e in enumerate(excluded)])
     calls = main_calls(tl, names, launchers, primary, bounds, span)
     communication.mesh, by_dim, comm_dims = mesh_dims(tl, coll, primary, bounds, under)
-    steps = [
-        StepReport(
-            step=int(window.steps.number[i]), start_s=_s(bounds[i]), dur_s=_s(span[i]),
-            busy_s=_s(primary.step_busy[i]), idle_s=_s(primary.step_idle[i].sum()),
-            idle_by_cause_s={c.value: _s(primary.step_idle[i, j]) for j, c in enumerate(CAUSES)},
-            excluded=excluded[i], startup_s=_s(primary.step_startup[i]), exposed_comm_s=by_collective[i],
-            zero_grad_launch_s=_s(primary.step_zero_grad[i]), main_calls=calls[i],
-            comm_by_dim_s=by_dim[i],
-        )
-        for i in range(bounds.size - 1)
-    ]
+    _bound_listed(communication.mesh)
+    steps = _step_reports(window.steps.number, bounds, span, primary, excluded, by_collective, calls, by_dim)
     notes = list(tl.meta.notes) + quality_notes(tl, names, window, kernels)
     if len(idle) > 1:
         notes.append(f"{len(idle)} devices in this trace; per-step figures are for device {primary.device}")

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from gpuidle.jobs.contract import Progress
-from gpuidle.jobs.rank import RankOutcome, analyze_file, failed
+from gpuidle.jobs.rank import RankOutcome, analyze_file, failed, internal_error
 from gpuidle.model.cores import WORKER_ENV
 
 _LENGTH = struct.Struct("<Q")
@@ -128,7 +128,7 @@ def _analyze(worker: _Worker | None, path: str) -> tuple[_Worker | None, list[Ra
             worker.close()
         return None, None
     except Exception as err:  # an outcome that would not unpickle: that file's, the stream is still in step
-        return worker, [failed(path, f"failed: {type(err).__name__}: {err}")]
+        return worker, [internal_error(path, err)]
 
 
 def main() -> None:

@@ -36,8 +36,13 @@ def analyze_file(path: str, progress: Callable[[int, int], None] | None = None) 
                 for tl in read_timelines(path, progress)]
     except GpuidleError as err:
         return [RankOutcome(path, None, str(err))]
-    except Exception as err:  # one rank's crash, even a bug, must not take the folder down
-        return [failed(path, f"failed: {type(err).__name__}: {err}")]
+    except Exception as err:  # a bug: one rank's crash must not take the folder down, nor pass for bad input
+        return [internal_error(path, err)]
+
+
+def internal_error(path: str, err: BaseException) -> RankOutcome:
+    """The outcome of a file whose reading met a bug in gpuidle rather than a fault in the file."""
+    return failed(path, f"an internal error: please report it ({type(err).__name__}: {err})")
 
 
 def failed(path: str, why: str) -> RankOutcome:

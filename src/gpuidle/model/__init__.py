@@ -124,7 +124,7 @@ from .timeline import (
     Timeline,
     TraceMeta,
 )
-from .units import duration
+from .units import duration, ranges
 
 __all__ = [
     "CAUSES",
@@ -242,6 +242,7 @@ __all__ = [
     "Window",
     "Workload",
     "duration",
+    "ranges",
     "util_series_from_records",
     "zero_causes",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -29,7 +30,7 @@ from gpuidle.model import (
     StepReport,
     duration,
 )
-from gpuidle.report.text import printable
+from gpuidle.report.text import all_printable, printable
 
 T = TypeVar("T")
 
@@ -69,6 +70,7 @@ STEP_SOURCE_WORDS = {
     "inferred:xla_program": "steps inferred from the compiled program's calls: no step markers in this profile",
     "inferred:nvtx_step_ranges": "steps from ranges named like steps",
     "none": "no step markers: the window is first to last GPU activity",
+    "set_aside": "the trace's steps lie outside the device's work: the window is first to last GPU activity",
 }
 """Where a rank's steps came from (``RankReport.step_source``), in the order they are taken; docs/numbers.md
 holds the same table."""
@@ -89,17 +91,6 @@ ms = duration
 
 def pct(share: float, digits: int = 1) -> str:
     return f"{share * 100:.{digits}f} %"
-
-
-def ranges(xs: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out: list[str] = []
-    for x in sorted(xs):
-        if out and x == int(out[-1].rsplit("-", 1)[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{x}"
-        else:
-            out.append(str(x))
-    return ", ".join(out)
 
 
 def step_rows(r: RankReport) -> list[tuple[str, str, str, str, str]]:
@@ -276,24 +267,55 @@ def startup_lines(r: RankReport) -> list[str]:
 
 def printable_report(report: T) -> T:
     """A copy of a report (msgspec structs, lists, dicts) with :func:`~gpuidle.report.text.printable` applied
-    to every string, for the renderers of text: no name from an input reaches the terminal raw.
+    to every string, for the renderers of text: no name from an input reaches the terminal raw. Renderers only
+    read it: where nothing needs cleaning, it is the report itself.
 
-    Line breaks stay: fixes and notes are several lines by design.
+    Line breaks stay: fixes and notes are several lines by design. Each distinct string is cleaned once and numbers
+    pass as they are: a profile of 100,000 steps repeats its few names in every step; a report whose JSON holds no
+    escape and nothing unprintable (most) is returned as it is.
     """
-    clean: T = _printable(report)
-    return clean
+    if _already_printable(report):
+        return report
+    seen: dict[str, str] = {}
+
+    def clean(x: Any) -> Any:
+        kind = type(x)
+        if kind is float or kind is int or x is None or kind is bool:
+            return x
+        if kind is str:
+            out = seen.get(x)
+            if out is None:
+                out = seen[x] = printable(x, keep_newlines=True)
+            return out
+        if isinstance(x, str):
+            return printable(x, keep_newlines=True)
+        if isinstance(x, msgspec.Struct):
+            return msgspec.structs.replace(x, **{f: clean(getattr(x, f)) for f in x.__struct_fields__})
+        if isinstance(x, list | tuple):
+            return type(x)(clean(v) for v in x)
+        if isinstance(x, dict):
+            return {clean(k): clean(v) for k, v in x.items()}
+        return x
+
+    out: T = clean(report)
+    return out
 
 
-def _printable(x: Any) -> Any:
-    if isinstance(x, str):
-        return printable(x, keep_newlines=True)
-    if isinstance(x, msgspec.Struct):
-        return msgspec.structs.replace(x, **{f: _printable(getattr(x, f)) for f in x.__struct_fields__})
-    if isinstance(x, list | tuple):
-        return type(x)(_printable(v) for v in x)
-    if isinstance(x, dict):
-        return {_printable(k): _printable(v) for k, v in x.items()}
-    return x
+_JSON_ESCAPE = re.compile(rb"\\[ubfrt]")
+"""How JSON writes a control character (a line break, ``\\n``, stays in a report's text); one search, in C."""
+
+
+def _already_printable(report: object) -> bool:
+    """Whether every string in ``report`` is printable already: one pass over its JSON, in C."""
+    try:
+        data = msgspec.json.encode(report)
+    except (TypeError, ValueError, msgspec.EncodeError):  # lone surrogates, a type JSON does not hold
+        return False
+    if _JSON_ESCAPE.search(data):
+        return False
+    if data.isascii():
+        return b"\x7f" not in data  # DEL: the one ASCII character JSON leaves raw and printable escapes
+    return all_printable(data.decode(), keep_newlines=True)
 
 
 ROLE_TEXT = {

@@ -21,6 +21,7 @@ from gpuidle.model import (
     RankReport,
     Recommendation,
     ScaleOut,
+    ranges,
 )
 from gpuidle.report.code import code_block
 from gpuidle.report.common import (
@@ -40,7 +41,6 @@ from gpuidle.report.common import (
     ms,
     pct,
     printable_report,
-    ranges,
     role_lines,
     run_words,
     shown_recommendations,

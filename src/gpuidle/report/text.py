@@ -34,3 +34,8 @@ def _escape(m: re.Match[str]) -> str:
 def printable(text: str, keep_newlines: bool = False) -> str:
     """``text`` with every control character (line breaks too, unless ``keep_newlines``) as its escape."""
     return _unsafe(keep_newlines).sub(_escape, text)
+
+
+def all_printable(text: str, keep_newlines: bool = False) -> bool:
+    """Whether :func:`printable` leaves ``text`` as it is."""
+    return _unsafe(keep_newlines).search(text) is None

@@ -15,9 +15,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gpuidle.model import DeviceUtil, GpuInfo, GpuSample, HostSample, HostUtil, UtilizationReport
+from gpuidle.model import DeviceUtil, GpuInfo, GpuSample, HostSample, HostUtil, UtilizationReport, ranges
 from gpuidle.report.code import code_block
-from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report, ranges
+from gpuidle.report.common import DEFAULT_OPTIONS, RenderOptions, ms, pct, printable_report
 from gpuidle.report.registry import pick
 
 BAR = 24

@@ -33,6 +33,7 @@ from gpuidle.model import (
 )
 from gpuidle.model.arrays import distinct
 from gpuidle.sources import step_markers
+from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
 from gpuidle.sources.kineto_columns import MAX_SPAN_US
 from gpuidle.sources.kineto_events import I32_MAX
@@ -206,6 +207,7 @@ def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
             meta.process_groups = [g for g in groups if isinstance(g, dict)]
     if meta.rank is None:
         meta.notes.append("the trace records no rank (distributedInfo.rank): taken as rank 0")
+    check_job_facts(meta)
     meta.header_flags = {k: header[k] for k in ("with_stack", "record_shapes", "profile_memory", "with_flops")
                          if isinstance(header.get(k), int | bool | str)}
     props = header.get("deviceProperties")

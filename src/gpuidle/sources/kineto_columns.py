@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from gpuidle.errors import CorruptInput
 from gpuidle.model import I64, DeviceOpKind, HostKind
 from gpuidle.model.arrays import distinct
 from gpuidle.sources.kineto_events import (
@@ -39,6 +40,20 @@ MAX_TS_US = float(1 << 62) / 1000
 """The latest timestamp read, in µs (year 2116 as Unix time): nanoseconds past it overflow int64."""
 MAX_SPAN_US = 7 * 86400 * 1e6
 """The longest event, and the longest stretch of time one trace may cover: a week, far past any profile."""
+
+
+def check_span(path: str, first_ns: int, last_ns: int) -> None:
+    """Raise where a trace's events run from ``first_ns`` to ``last_ns`` over more than :data:`MAX_SPAN_US`: a
+    damaged timestamp (every reader refuses it alike).
+
+    :raises CorruptInput: the span, in days.
+    """
+    if last_ns - first_ns > MAX_SPAN_US * 1000:
+        raise CorruptInput(f"{path}: the events span {(last_ns - first_ns) / 86400e9:.0f} days (from {first_ns} to "
+                           f"{last_ns} ns)", "timestamps from different clocks, or a damaged file; a profile covers "
+                           "seconds")
+
+
 SKIP_TIME = "ts or dur missing, not a finite number, negative or out of range"
 SKIP_ID = "an id or size (pid, device, stream, correlation, bytes) past its integer range"
 

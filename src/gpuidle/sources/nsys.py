@@ -42,7 +42,10 @@ from gpuidle.model import (
 )
 from gpuidle.model.arrays import distinct
 from gpuidle.sources import nsys_db, step_markers
+from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kineto import is_collective_kernel
+from gpuidle.sources.kineto_columns import check_span
+from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.nsys_db import Tables
 
 FORMAT = "nsys"
@@ -149,8 +152,8 @@ def read(path: str) -> list[Timeline]:
     with nsys_db.exported(path) as db_path:
         conn = nsys_db.connect(db_path)
         try:
-            return _read(path, Tables(conn))
-        except sqlite3.DatabaseError as err:  # a damaged page met while reading
+            return _read(path, Tables(conn, path))
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as err:  # a damaged page met while reading
             raise CorruptInput(f"{path}: the export cannot be read ({err})", nsys_db.REEXPORT) from None
         finally:
             conn.close()
@@ -170,6 +173,7 @@ def _read(path: str, t: Tables) -> list[Timeline]:
                             "profile with CUDA tracing on: nsys profile --trace=cuda,nvtx,osrt ...")
     host = _host_rows(t, names, dev)
     t0 = int(min(dev.cols["start"].min(), host.cols["start"].min() if len(host) else dev.cols["start"].min()))
+    check_span(path, t0, max(int(dev.cols["end"].max()), int(host.cols["end"].max()) if len(host) else 0))
     framework = _framework(names, t)
     env = _environment(t)
     ranks = _ranks(dev, host, names, env)
@@ -186,6 +190,7 @@ def _read(path: str, t: Tables) -> list[Timeline]:
                          device_names={k: v for k, v in devices.items() if k in used},
                          device_capability={k: v for k, v in capability.items() if k in used},
                          notes=notes + rank_notes, framework=framework)
+        check_job_facts(meta)
         out.append(_timeline(strings, d, h, t0, meta))
     return out
 
@@ -241,10 +246,20 @@ def _device_rows(t: Tables, names: _Names, notes: list[str]) -> _Rows | None:
     if not parts:
         return None
     rows = _cat(parts)
+    _check_ids(t.path, rows)
     if t.pick("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid") is None and kern is not None:
         notes.append("device activity carries no globalPid (older Nsight): all processes read as one")
     rows["proc"] = np.where(rows["gpid"] >= 0, rows["gpid"] >> 24, -1)
     return _Rows(rows)
+
+
+def _check_ids(path: str, rows: dict[str, I64]) -> None:
+    """Raise where a device or stream id of the device activity is negative or past int32 (the model's width)."""
+    for key, column in (("device", "deviceId"), ("stream", "streamId")):
+        bad = np.flatnonzero((rows[key] < 0) | (rows[key] > I32_MAX))
+        if bad.size:
+            raise CorruptInput(f"{path}: device activity with {column} {int(rows[key][bad[0]])} ({bad.size} row(s)): "
+                               "not an id", nsys_db.REEXPORT)
 
 
 def _host_rows(t: Tables, names: _Names, dev: _Rows) -> _Rows:

@@ -78,7 +78,7 @@ def connect(path: str) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(uri, uri=True)
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.DatabaseError as err:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as err:
         raise CorruptInput(f"{path}: not a readable SQLite file ({err})") from None
     return conn
 
@@ -116,11 +116,23 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _not_integer(rows: list[tuple[object, ...]], table: str, columns: list[str]) -> str:
+    """Where ``rows`` of ``table`` hold their first value that is not a 64-bit integer, and what it is."""
+    for row in rows:
+        for value, column in zip(row, columns, strict=True):
+            number = type(value) in (int, float) and -(2.0**63) <= value < 2.0**63  # type: ignore[operator]
+            if not number:
+                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+                return f"{table}.{column} holds {shown}, not an integer"
+    return f"{table}: a value that is not a 64-bit integer"
+
+
 class Tables:
     """What an export holds: table names and each table's columns, read once."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         self.conn = conn
+        self.path = path
         names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
         self.columns = {n: {r[1] for r in conn.execute(f"PRAGMA table_info({_quoted(n)})")} for n in names}
 
@@ -140,19 +152,29 @@ class Tables:
         if not self.has(table):
             return None
         exprs = []
+        columns = []
         for key, candidates in wanted.items():
             col = self.pick(table, *candidates)
             if col is None and key in ("start", "end"):
                 return None
             exprs.append(f'COALESCE("{col}", -1)' if col else "-1")
+            columns.append(col or "")
         sql = f'SELECT {", ".join(exprs)} FROM "{table}"' + (f" WHERE {where}" if where else "")
-        return self._fetch(sql, list(wanted))
+        return self._fetch(sql, list(wanted), table, columns)
 
-    def _fetch(self, sql: str, keys: list[str]) -> dict[str, I64]:
+    def _fetch(self, sql: str, keys: list[str], table: str, columns: list[str]) -> dict[str, I64]:
+        """The rows of ``sql`` as int64 columns named ``keys``; ``table``'s ``columns`` name a value that is not
+        one.
+
+        :raises CorruptInput: text, a blob, or an integer beyond 64 bits in an integer column.
+        """
         cur = self.conn.execute(sql)
         parts = []
         while batch := cur.fetchmany(CHUNK_ROWS):
-            parts.append(np.array(batch, dtype=np.int64).reshape(len(batch), len(keys)))
+            try:
+                parts.append(np.array(batch, dtype=np.int64).reshape(len(batch), len(keys)))
+            except (TypeError, ValueError, OverflowError):
+                raise CorruptInput(f"{self.path}: {_not_integer(batch, table, columns)}", REEXPORT) from None
         data = np.concatenate(parts) if parts else np.zeros((0, len(keys)), dtype=np.int64)
         return {k: np.ascontiguousarray(data[:, i]) for i, k in enumerate(keys)}
 

@@ -28,6 +28,7 @@ from gpuidle.model import (
     TrackerLine,
     TrackerStep,
 )
+from gpuidle.sources.job_facts import MAX_WORLD, checked_facts
 
 FORMAT = TRACKER_SOURCE
 RANK_LOG = re.compile(r"rank-(\d+)\.jsonl")
@@ -164,10 +165,14 @@ def _series(p: Path, head: TrackerHeader, steps: list[TrackerStep], end: Tracker
     def col(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.int64)
 
+    world, groups, claims = checked_facts(head.rank, head.world_size, list(head.process_groups))
+    if world is None:  # a job of the logs given
+        world = min(max(head.rank, 0), MAX_WORLD - 1) + 1
+    notes = notes + claims
     names = list(dict.fromkeys([*head.phases, *(k for s in steps for k in s.phases)]))
     device_names = list(dict.fromkeys(k for s in steps for k in s.device_phases))
     return StepSeries(
-        rank=head.rank, world_size=head.world_size, path=str(p), timing=head.timing, device=head.device,
+        rank=head.rank, world_size=world, path=str(p), timing=head.timing, device=head.device,
         device_name=head.device_name, compute_phases=list(head.compute_phases), copy_phase=head.copy_phase,
         step=col([s.step for s in steps]), start=col([s.start_ns for s in steps]), dur=col([s.dur_ns for s in steps]),
         data=col([s.data_ns for s in steps]),
@@ -181,5 +186,5 @@ def _series(p: Path, head: TrackerHeader, steps: list[TrackerStep], end: Tracker
         comm_settings=dict(end.comm_settings) if end is not None else {}, notes=notes,
         unmeasured=list(end.unmeasured) if end is not None else [],
         sync=col([s.sync_ns for s in steps]), syncs=col([s.syncs for s in steps]), framework=head.framework,
-        process_groups=list(head.process_groups),
+        process_groups=groups,
     )

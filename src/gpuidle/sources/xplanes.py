@@ -21,6 +21,7 @@ import numpy as np
 from gpuidle.errors import CorruptInput, GpuidleError, NotATrace
 from gpuidle.model import I64
 from gpuidle.sources.jsonstream import TraceStream
+from gpuidle.sources.kineto_columns import MAX_SPAN_US, MAX_TS_US
 
 CORRELATION = "correlation_id"
 STEP = "step_num"
@@ -78,7 +79,8 @@ class Space:
 class _Builder:
     """Interns names and flow ids across planes and turns per-line lists into arrays."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: str) -> None:
+        self.path = path
         self.sid: dict[str, int] = {}
         self.flows: dict[tuple[int, int], int] = {}
         self.events = 0
@@ -106,26 +108,46 @@ class _Builder:
 
 
 def _int(v: Any) -> int:
+    """A stat's integer value; -1 where it holds no number (text), None-free.
+
+    :raises OverflowError: infinity, or a number beyond 64 bits.
+    """
     try:
-        return int(v)
+        n = int(v)
     except (TypeError, ValueError):
         try:
-            return int(float(v))
+            n = int(float(v))
         except (TypeError, ValueError):
             return -1
+    if not -(1 << 63) <= n < 1 << 63:
+        raise OverflowError(f"{n} is beyond 64 bits")
+    return n
+
+
+def _stat_int(st: dict[str, Any], name: str, b: _Builder) -> int:
+    """Stat ``name`` of an event as an integer (:func:`_int`).
+
+    :raises CorruptInput: a value no 64-bit integer holds (infinity, 2⁶⁴ − 1 as a step number).
+    """
+    try:
+        return _int(st[name])
+    except OverflowError:
+        shown = str(st[name]) if len(str(st[name])) <= 40 else str(st[name])[:37] + "..."
+        raise CorruptInput(f"{b.path}: an event's {name} stat is {shown}, beyond a 64-bit integer",
+                           "a damaged profile; record it again") from None
 
 
 def _put(cols: dict[str, I64], row: int, st: dict[str, Any], b: _Builder) -> None:
     if CORRELATION in st:
-        cols["corr"][row] = _int(st[CORRELATION])
+        cols["corr"][row] = _stat_int(st, CORRELATION, b)
     if STEP in st:
-        cols["step"][row] = _int(st[STEP])
+        cols["step"][row] = _stat_int(st, STEP, b)
     op = st.get(HLO_OP) or st.get(MODULE_NAME)
     if op:
         cols["op"][row] = b.intern(str(op))
     if st.get(HLO_MODULE):  # interned only: the module names (jit_train_step) tell the framework
         b.intern(str(st[HLO_MODULE]))
-    if MEMCPY_DETAILS in st and (m := _BYTES.search(str(st[MEMCPY_DETAILS]))):
+    if MEMCPY_DETAILS in st and (m := _BYTES.search(str(st[MEMCPY_DETAILS]))) and len(m.group(1)) < 19:
         cols["bytes"][row] = int(m.group(1))
     if "_p" in st:
         cols["producer"][row] = b.flow(st.get("_pt", 0), st["_p"])
@@ -175,7 +197,7 @@ def read_pb(path: str) -> Space:
     if not any(p.name.startswith(("/host:", "/device:")) for p in space.planes):
         raise NotATrace(f"{path}: a protobuf message, but no XSpace planes in it",
                         "give the <host>.xplane.pb that jax.profiler / tf.profiler wrote")
-    b = _Builder()
+    b = _Builder(path)
     planes = [_plane(p, b) for p in space.planes]
     return Space(planes, list(space.hostnames), list(b.sid), b.events, [f"profiler error: {e}" for e in space.errors])
 
@@ -203,6 +225,10 @@ def _plane(p: Any, b: _Builder) -> Plane:
             dur.append(e.duration_ps)
             names.append(name_ids.get(e.metadata_id, -1))
         base = ln.timestamp_ns
+        if off and base + (max(off) + max(dur)) // 1000 >= 1 << 63:
+            raise CorruptInput(f"{b.path}: line '{ln.name}' of plane '{p.name}' has an event past 64-bit nanoseconds "
+                               f"(timestamp_ns {base}, offset_ps {max(off)}, duration_ps {max(dur)})",
+                               "a damaged profile; record it again")
         offs = np.asarray(off, dtype=np.int64)
         start = base + offs // 1000
         end = base + (offs + np.maximum(np.asarray(dur, dtype=np.int64), 0)) // 1000
@@ -235,6 +261,17 @@ def _decode_json_chunk(text: bytes) -> list[_JsonEvent]:
         raise msgspec.DecodeError(str(err)) from None
 
 
+def _check_times(path: str, events: list[_JsonEvent], us: np.ndarray, dur: np.ndarray) -> None:
+    """Raise on the first event whose ``ts`` or ``dur`` is no time: not finite, past int64 nanoseconds, or a
+    duration longer than a trace may cover."""
+    with np.errstate(invalid="ignore"):
+        bad = ~((np.abs(us) <= MAX_TS_US) & (dur <= MAX_SPAN_US))  # NaN compares False
+    if bad.any():
+        e = events[int(np.flatnonzero(bad)[0])]
+        raise CorruptInput(f"{path}: event '{e.name[:60]}' has ts {e.ts} µs and dur {e.dur} µs: not a time",
+                           "a damaged file; export the profile again")
+
+
 def read_json(path: str) -> Space:
     """Read the Chrome-trace JSON that xprof writes from an XSpace into the same planes.
 
@@ -257,13 +294,14 @@ def read_json(path: str) -> Space:
                 rows.setdefault((e.pid, e.tid), []).append(e)
     if not process:
         raise NotATrace(f"{path}: a Chrome trace without XSpace planes (no process_name events)")
-    b = _Builder()
+    b = _Builder(path)
     planes: dict[int, Plane] = {pid: Plane(name, {}, []) for pid, name in process.items()}
     for (pid, tid), events in rows.items():
         if pid not in planes:
             continue
         us = np.array([e.ts for e in events], dtype=np.float64)
         dur = np.array([e.dur for e in events], dtype=np.float64)
+        _check_times(path, events, us, dur)
         whole = np.floor(us)  # µs to ns without losing the integer part of large timestamps
         start = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
         end = start + np.rint(np.maximum(dur, 0.0) * 1000.0).astype(np.int64)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuidle.errors import NoGpuActivity, NotATrace
+from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
 from gpuidle.model import (
     HOST_RANK_NOTE,
     I64,
@@ -49,6 +49,8 @@ from gpuidle.model import (
 from gpuidle.model.arrays import distinct
 from gpuidle.sources import step_markers, xplanes
 from gpuidle.sources.kineto import is_collective_kernel
+from gpuidle.sources.kineto_columns import check_span
+from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.xplanes import Line, Plane, Space
 from gpuidle.sources.xspace_files import PB_SUFFIX
 
@@ -95,6 +97,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
 
 def build(space: Space, path: str) -> Timeline:
     gpu = [(int(m.group(1)), p) for p in space.planes if (m := _GPU_PLANE.match(p.name))]
+    _check_ids(path, gpu)
     host_planes = [p for p in space.planes if p.name.startswith("/host:") and p.name != "/host:metadata"]
     host_events = sum(ln.start.size for p in host_planes for ln in p.lines)
     if not gpu:
@@ -112,6 +115,7 @@ def build(space: Space, path: str) -> Timeline:
                             "profile steps that run on the GPU")
     threads, host, handoffs = _host_columns(host_planes, space.hostnames or [Path(path).name.split(".")[0]], strings)
     t0 = int(min(dev["start"].min(), host["start"].min() if host["start"].size else dev["start"].min()))
+    check_span(path, t0, max(int(dev["end"].max()), int(host["end"].max()) if host["end"].size else t0))
     device_ops = _device_ops(dev, strings, t0)
     host_ev = HostEvents(start=host["start"] - t0, end=host["end"] - t0, thread=host["thread"].astype(np.int32),
                          kind=host["kind"].astype(np.int8), name=host["name"].astype(np.int32),
@@ -142,6 +146,15 @@ def detect_framework(strings: list[str]) -> str | None:
 # ----------------------------------------------------------------------------------
 # Device planes
 # ----------------------------------------------------------------------------------
+
+
+def _check_ids(path: str, gpu: list[tuple[int, Plane]]) -> None:
+    """Raise where a GPU plane's ordinal or a stream line's number is past int32 (the model's width)."""
+    for ordinal, plane in gpu:
+        streams = [int(m.group(1)) for ln in plane.lines if (m := _STREAM.match(ln.name))]
+        if ordinal > I32_MAX or any(n > I32_MAX for n in streams):
+            raise CorruptInput(f"{path}: plane '{plane.name[:60]}' numbers a GPU or a stream past 32 bits",
+                               "a damaged profile; record it again")
 
 
 def _device_columns(gpu: list[tuple[int, Plane]], strings: list[str]) -> dict[str, I64]:
