@@ -105,7 +105,16 @@ EDGES: dict[str, tuple[bytes, bool]] = {
     "more than 19 digits": (b'[{"ph":"X","cat":"kernel","name":"k","ts":17000000001234567890.1}]', False),
     "unbounded id": (msgspec.json.encode([event(pid=1 << 64)]), False),
     "float id": (b'[{"ph":"X","cat":"kernel","name":"k","pid":1.0}]', False),
-    "string correlation": (msgspec.json.encode([event(args={"correlation": "3"})]), False),
+    "string correlation": (msgspec.json.encode([event(args={"correlation": "3"})]), True),
+    "ROCm string bytes": (msgspec.json.encode([event(cat="gpu_memcpy", args={"bytes": "616", "stream": "0x0",
+                                                                             "device": "0"}), event()]), True),
+    "string counts of a collective": (msgspec.json.encode([event(cat="cpu_op", name="record_param_comms", args={
+        "Collective name": "allreduce", "In msg nelems": "1024", "Out msg nelems": "-0", "Group size": "08",
+        "dtype": "Float"})]), True),
+    "numeric strings the decoder coerces": (msgspec.json.encode([event(args={"bytes": " 6"}), event(args={
+        "correlation": "0x1f"}), event(args={"device": "+1"}), event(args={"bytes": "1_0"})]), False),
+    "numeric string past int64": (msgspec.json.encode([event(args={"bytes": "9223372036854775808"})]), False),
+    "empty numeric string": (msgspec.json.encode([event(args={"correlation": ""})]), False),
     "null time": (b'[{"ph":"X","cat":"kernel","name":"k","ts":null}]', False),
     "duplicate field": (b'[{"ph":"X","cat":"kernel","name":"a","name":"b"}]', False),
     "not an object": (b'[{"ph":"X","cat":"kernel","name":"k"}, 5]', False),
@@ -119,6 +128,23 @@ def test_edges_of_json_and_the_schema(name: str) -> None:
     text, read = EDGES[name]
     assert (scan(text) is not None) == read
     compare([text])
+
+
+@needs_scanner
+def test_a_copy_size_written_as_a_string_reads_as_its_integer_whichever_path_reads_it() -> None:
+    """ROCm writes a copy's size as a string: both paths read it as the integer, the string stream as none (the
+    tid names it), and the other events of the chunk as if it were not there."""
+    from gpuidle.sources.kineto_columns import Columns
+
+    text = msgspec.json.encode([event(cat="gpu_memcpy", tid=4, args={"bytes": "616", "stream": "0x0", "device": "1"}),
+                                event(args={"bytes": 8, "stream": "0x0"}, tid=9)])
+    for chunk in (scan(text), decode_chunk(text)):
+        assert chunk is not None
+        cols = Columns()
+        cols.add(chunk)
+        assert np.concatenate(cols.dev["bytes"]).tolist() == [616, 8]
+        assert np.concatenate(cols.dev["stream"]).tolist() == [4, 9]
+        assert np.concatenate(cols.dev["device"]).tolist() == [1, 0]
 
 
 EXACT = ["0", "-0", "1", "0.1", "-0.0", "1e-7", "123456.789e3", "9007199254740992", "1700000000000.001",

@@ -2,7 +2,8 @@
  *
  * scan(b"[{...}, {...}]") reads the fields the model uses into typed arrays and interns the strings (category,
  * phase, name, string pids and tids) in the order they first appear. It reads a strict subset of what the typed
- * decoder (msgspec, kineto_events.Event) accepts: anything else -- bad syntax, a type the decoder would refuse or
+ * decoder (msgspec, kineto_events.Event) accepts, and the integer arguments written as strings of digits that its
+ * per-event coercion reads (ROCm's "bytes":"616"): anything else -- bad syntax, a type the decoder would refuse or
  * coerce, a duplicated field, an integer past int64, deep nesting -- returns None, and the caller decodes the
  * chunk the general way, which gives that chunk's values or its error. The scan itself runs without the GIL.
  */
@@ -117,18 +118,18 @@ static int args(Scan *s, Ptr *pp, size_t row) {
         p = ws(p + 1);
         unsigned bit = 0;
         int rc;
-        if (KEY("correlation")) bit = 1, rc = int_field(&p, &c->corr[row]);
-        else if (KEY("device")) bit = 2, rc = int_field(&p, &c->device[row]);
+        if (KEY("correlation")) bit = 1, rc = int_arg(&p, &c->corr[row]);
+        else if (KEY("device")) bit = 2, rc = int_arg(&p, &c->device[row]);
         else if (KEY("stream")) /* a string stream (ROCm's "0x0") reads as none: the tid names it */
             bit = 4, rc = *p == '"' ? str_field(&p, lim) : int_field(&p, &c->stream[row]);
-        else if (KEY("bytes")) bit = 8, rc = int_field(&p, &c->nbytes[row]);
+        else if (KEY("bytes")) bit = 8, rc = int_arg(&p, &c->nbytes[row]);
         else if (KEY("Collective name")) bit = 16, rc = str_field(&p, lim);
         else if (KEY("Process Group Name")) bit = 32, rc = str_field(&p, lim);
         else if (KEY("dtype")) bit = 64, rc = str_field(&p, lim);
         else if (KEY("In msg nelems") || KEY("Out msg nelems") || KEY("Group size")) {
             int64_t ignored;
             bit = KEY("In msg nelems") ? 128 : KEY("Out msg nelems") ? 256 : 512;
-            rc = int_field(&p, &ignored);
+            rc = int_arg(&p, &ignored);
         } else if (KEY("Input Dims") || KEY("Input type")) {
             bit = KEY("Input Dims") ? 1024 : 2048;
             rc = skip_value(&p, lim, 2);
