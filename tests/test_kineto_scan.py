@@ -275,3 +275,17 @@ def test_names_built_to_collide_cost_what_the_decoder_costs() -> None:
 @needs_scanner
 def test_a_bytes_subclass_is_never_read_in_place() -> None:
     kscan_fuzz.bytes_subclass_case()
+
+
+def test_gpuidle_reader_python_reads_without_loading_the_scanner() -> None:
+    """``GPUIDLE_READER=python`` (a broken build, a benchmark): the typed decoder reads every chunk, the compiled
+    scanner never loaded, and the trace reads to the same columns."""
+    code = ("import sys; from gpuidle.sources.kineto_read import read_columns; "
+            "cols, _ = read_columns(sys.argv[1]); "
+            "print('gpuidle.sources._kscan' in sys.modules, cols.events, len(cols.strings))")
+    env = os.environ | {"GPUIDLE_READ_WORKERS": "1"}
+    outs = [subprocess.run([sys.executable, "-c", code, str(EXAMPLE)], env=env | {"GPUIDLE_READER": reader},
+                           capture_output=True, text=True, check=True).stdout.split() for reader in ("python", "")]
+    assert outs[0][0] == "False"
+    assert outs[0][1:] == outs[1][1:]
+    assert int(outs[0][1]) > 0
