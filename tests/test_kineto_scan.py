@@ -289,3 +289,39 @@ def test_gpuidle_reader_python_reads_without_loading_the_scanner() -> None:
     assert outs[0][0] == "False"
     assert outs[0][1:] == outs[1][1:]
     assert int(outs[0][1]) > 0
+
+
+@needs_scanner
+def test_the_string_hash_tells_apart_what_only_the_length_did() -> None:
+    """The length has a fold of its own: strings whose first word XOR their length agree (``""``, ``"\\x01"``,
+    ``"\\x02\\0"``, ...) once hashed alike (to 0) whatever the key; a name and the name padded with NULs too."""
+    from gpuidle.sources import _kscan
+
+    same_word_xor_length = [n.to_bytes(8, "little")[:n] for n in range(8)]
+    padded = [b"name" + b"\0" * k for k in range(12)] + [b"\0" * k for k in range(1, 20)]
+    short = [bytes([a, b]) for a in range(256) for b in range(256)] + [bytes([a]) for a in range(256)]
+    for names in (same_word_xor_length, padded, short):
+        hashes = [_kscan.string_hash(n) for n in names]
+        assert len(set(hashes)) == len(names)
+        assert 0 not in hashes
+
+
+@needs_scanner
+def test_an_allocation_that_fails_while_scanning_raises_memory_error() -> None:
+    """Whichever allocation of the interpreter's fails (the strings' list, a string, a column), the scan raises
+    MemoryError, never returns a value with an error set (SystemError)."""
+    testcapi = pytest.importorskip("_testcapi")
+    from gpuidle.sources import _kscan
+
+    text = msgspec.json.encode([event(), event(name="other", cat="cpu_op", pid="p")])
+    outcomes = set()
+    for nth in range(60):
+        testcapi.set_nomemory(nth, nth + 1)
+        try:
+            out = _kscan.scan(text)
+        except MemoryError:
+            out = "MemoryError"
+        finally:
+            testcapi.remove_mem_hooks()
+        outcomes.add("MemoryError" if out == "MemoryError" else type(out).__name__)
+    assert outcomes == {"MemoryError", "tuple"}

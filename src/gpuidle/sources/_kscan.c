@@ -308,7 +308,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
         out = Py_NewRef(Py_None);
     } else {
         PyObject *strings = PyList_New((Py_ssize_t)s.strings.used);
-        int bad = strings == NULL;
+        int bad = strings == NULL ? 2 : 0; /* 2: an error set (MemoryError); 1: the decoder's to word */
         for (size_t i = 0; !bad && i < s.strings.used; i++) {
             PyObject *u = PyUnicode_DecodeUTF8(s.strings.order_p[i], s.strings.order_len[i], "strict");
             if (!u) {
@@ -365,13 +365,13 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", NULL, -1, m
 /* The hash key from os.urandom, once a process: names cannot be built to collide without it. */
 static int seed_key(void) {
     PyObject *os = PyImport_ImportModule("os");
-    PyObject *key = os ? PyObject_CallMethod(os, "urandom", "i", 16) : NULL;
+    PyObject *key = os ? PyObject_CallMethod(os, "urandom", "i", KEY_BYTES) : NULL;
     Py_XDECREF(os);
     if (!key) return -1;
-    int ok = PyBytes_Check(key) && PyBytes_GET_SIZE(key) == 16;
+    int ok = PyBytes_Check(key) && PyBytes_GET_SIZE(key) == KEY_BYTES;
     if (ok) table_key((const unsigned char *)PyBytes_AS_STRING(key));
     Py_DECREF(key);
-    if (!ok) PyErr_SetString(PyExc_RuntimeError, "os.urandom(16) gave no 16 bytes");
+    if (!ok) PyErr_SetString(PyExc_RuntimeError, "os.urandom gave too few bytes");
     return ok ? 0 : -1;
 }
 
