@@ -228,7 +228,8 @@ def test_ids_survive_the_table_growing_with_freed_memory_poisoned() -> None:
             "    text = k.many_names(n); assert scan(text) is not None; assert k.compare([text]) == 0\n"
             "print('same')")
     env = os.environ | {"MALLOC_PERTURB_": "165", "MALLOC_MMAP_THRESHOLD_": "65536",
-                        "PYTHONPATH": str(Path(__file__).parent)}
+                        "PYTHONPATH": os.pathsep.join(filter(None, (str(Path(__file__).parent),
+                                                                     os.environ.get("PYTHONPATH"))))}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "same"
