@@ -7,14 +7,21 @@ import re
 
 import numpy as np
 
+from gpuidle.analysis import names as classes
+from gpuidle.model.name_search import any_found, found_in
 from gpuidle.sources.kernel_arch import FAMILIES
 from gpuidle.sources.kineto import _COLLECTIVE_KERNEL
-from gpuidle.sources.name_search import any_found, found_in
 from gpuidle.sources.step_markers import PROFILER_STEP_NAME
 
-PATTERNS = [_COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES for p in ps)]
+FACTS = [v for v in vars(classes).values() if isinstance(v, tuple) and v and isinstance(v[0], re.Pattern)]
+PATTERNS = [_COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES for p in ps),
+            *(p for fact in FACTS for p in fact)]
+"""Every pattern searched through :mod:`gpuidle.model.name_search`: the kernel and step patterns of the readers,
+and every name class of the analysis."""
 PIECES = ["ncclDevKernel_AllReduce", "nccl", "kernel", "ProfilerStep#", "12", "sm90_", "_sm80", "wgmma", "Cijk_",
-          "gfx942", "ucc_", "x", "", " ", "_", "#", "\n", "İ", "Σ", "é", "ampere_", "volta_", "::", "deep_ep::"]
+          "gfx942", "ucc_", "x", "", " ", "_", "#", "\n", "İ", "Σ", "é", "ampere_", "volta_", "::", "deep_ep::",
+          "## ", "broad", "cast", "convert", "gemm", "h", "cudaMemcpy", "_v2", "Backward", "zero_grad", "grain",
+          "Optimizer.step#", "Launch", "PjitFunction(", "/site-packages/", "MPI_Send", "bf16", "conv", "er"]
 
 
 def names(rng: random.Random, newlines: bool) -> list[str]:

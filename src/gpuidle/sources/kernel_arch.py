@@ -14,7 +14,7 @@ import re
 
 from gpuidle.model import DeviceOpKind, DeviceOps
 from gpuidle.model.arrays import distinct
-from gpuidle.sources.name_search import any_found
+from gpuidle.model.name_search import any_found
 
 FAMILIES: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...] = (
     ("maxwell", (re.compile(r"^maxwell_"),)),

@@ -32,12 +32,12 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.model.arrays import distinct
+from gpuidle.model.name_search import found_in
 from gpuidle.sources import step_markers
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
 from gpuidle.sources.kineto_columns import MAX_SPAN_US
 from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.kineto_read import read_columns
-from gpuidle.sources.name_search import found_in
 
 _COLLECTIVE_KERNEL = re.compile(
     r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel|^msccl|mscclpp|deep_ep::|pplx::|nvshmemi?_|\bucc_"

@@ -17,7 +17,7 @@ import numpy as np
 
 from gpuidle.model import I64, HostEvents, HostKind, Steps
 from gpuidle.model.arrays import distinct
-from gpuidle.sources.name_search import found_in
+from gpuidle.model.name_search import found_in
 
 PROFILER_STEP = "profiler_step"
 DEVICE_STEPS = "device_steps"
