@@ -31,6 +31,7 @@ from benchlib import DEFAULT_SOURCE, MIB, REPO, Run, machine, run_child, snapsho
 from scale_trace import copy_bytes, load, scale_trace
 
 READER_ENV = "GPUIDLE_READER"
+NO_SCANNER_ENV = "GPUIDLE_BENCH_NO_SCANNER"
 PATHS = ("compiled", "python")
 
 
@@ -82,15 +83,19 @@ def built(src: Path) -> Path:
 
 
 def measure(tool: str, trace: Path, path: str, src: Path | None) -> Run:
-    saved = os.environ.pop(READER_ENV, None)
+    """One run; the pure path by ``GPUIDLE_READER=python``, and by the scanner's import failing as unbuilt for
+    code older than that switch (``GPUIDLE_BENCH_NO_SCANNER``)."""
+    saved = {k: os.environ.pop(k, None) for k in (READER_ENV, NO_SCANNER_ENV)}
     if path == "python":
         os.environ[READER_ENV] = "python"
+        os.environ[NO_SCANNER_ENV] = "1"
     try:
         return run_child(tool, [str(trace)], src=src)
     finally:
-        os.environ.pop(READER_ENV, None)
-        if saved is not None:
-            os.environ[READER_ENV] = saved
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
 
 
 def main() -> int:

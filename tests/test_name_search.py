@@ -7,17 +7,13 @@ import re
 
 import numpy as np
 
-from gpuidle.analysis import names as classes
-from gpuidle.model.name_search import any_found, found_in
+from gpuidle.model.name_search import anchored, any_found, found_in
 from gpuidle.sources.kernel_arch import FAMILIES
 from gpuidle.sources.kineto import _COLLECTIVE_KERNEL
 from gpuidle.sources.step_markers import PROFILER_STEP_NAME
 
-FACTS = [v for v in vars(classes).values() if isinstance(v, tuple) and v and isinstance(v[0], re.Pattern)]
-PATTERNS = [_COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES for p in ps),
-            *(p for fact in FACTS for p in fact)]
-"""Every pattern searched through :mod:`gpuidle.model.name_search`: the kernel and step patterns of the readers,
-and every name class of the analysis."""
+PATTERNS = [_COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES for p in ps)]
+"""Every pattern searched through :mod:`gpuidle.model.name_search` (the readers' kernel and step patterns)."""
 PIECES = ["ncclDevKernel_AllReduce", "nccl", "kernel", "ProfilerStep#", "12", "sm90_", "_sm80", "wgmma", "Cijk_",
           "gfx942", "ucc_", "x", "", " ", "_", "#", "\n", "İ", "Σ", "é", "ampere_", "volta_", "::", "deep_ep::",
           "## ", "broad", "cast", "convert", "gemm", "h", "cudaMemcpy", "_v2", "Backward", "zero_grad", "grain",
@@ -47,3 +43,12 @@ def test_a_name_holding_a_newline_is_its_own_name() -> None:
     assert found_in(["x\nncclKernel", "ncclKernel"], pattern).tolist() == [False, True]
     assert not any_found(["x\nncclKernel"], pattern)
     assert found_in([], pattern).size == 0
+
+
+def test_a_pattern_anchored_in_every_alternative_is_told_apart() -> None:
+    assert anchored(re.compile(r"^(a|b)c|^d"))
+    assert anchored(re.compile(r"^[|(]x|^\|"))
+    assert not anchored(re.compile(r"^a|b"))
+    assert not anchored(re.compile(r"^[]|]|b"))
+    assert not anchored(re.compile(r"(^a)|^b"))
+    assert not anchored(re.compile(r"^a\\|b"))

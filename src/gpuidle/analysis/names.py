@@ -19,7 +19,6 @@ import msgspec
 import numpy as np
 
 from gpuidle.model import FILE_READ_CALLS, XLA_DISPATCH
-from gpuidle.model.name_search import found_in
 
 Fact = tuple[re.Pattern[str], ...]
 """A name has the fact where any of the patterns is found in it."""
@@ -118,8 +117,8 @@ def _mask(strings: list[str], test: Fact | frozenset[str]) -> np.ndarray:
     if isinstance(test, frozenset):
         return np.fromiter((s in test for s in strings), dtype=bool, count=len(strings))
     mask = np.zeros(len(strings), dtype=bool)
-    for pattern in test:  # no pattern here matches a newline: each searched in all names at once
-        mask |= found_in(strings, pattern)
+    for pattern in test:
+        mask |= np.fromiter((pattern.search(s) is not None for s in strings), dtype=bool, count=len(strings))
     return mask
 
 
