@@ -17,7 +17,11 @@ PATTERNS = [_COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES fo
 PIECES = ["ncclDevKernel_AllReduce", "nccl", "kernel", "ProfilerStep#", "12", "sm90_", "_sm80", "wgmma", "Cijk_",
           "gfx942", "ucc_", "x", "", " ", "_", "#", "\n", "İ", "Σ", "é", "ampere_", "volta_", "::", "deep_ep::",
           "## ", "broad", "cast", "convert", "gemm", "h", "cudaMemcpy", "_v2", "Backward", "zero_grad", "grain",
-          "Optimizer.step#", "Launch", "PjitFunction(", "/site-packages/", "MPI_Send", "bf16", "conv", "er"]
+          "Optimizer.step#", "Launch", "PjitFunction(", "/site-packages/", "MPI_Send", "bf16", "conv", "er",
+          "ı", "ſ", "\u212a", "NCCL", "Kernel", "MULTIMEM_REDUCE", "ﬅ", "nvſhmem_", "UCC_", "deep_EP::",
+          "two_ſhot_all_reduce", "croſs_devİce_reduce", "cuſtom_all_reduce", "rccl\u212aernel", "nvshmemı_"]
+"""Pieces of names: the patterns' literals, and characters ``re`` takes for an ASCII letter whatever the case
+(``İ``, ``ı``, ``ſ``, the Kelvin sign) in them."""
 
 
 def names(rng: random.Random, newlines: bool) -> list[str]:

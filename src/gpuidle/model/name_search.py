@@ -56,16 +56,39 @@ def anchored(pattern: re.Pattern[str]) -> bool:
     return all(text.startswith("^", at) for at in starts)
 
 
+_ASCII_FOLDS = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+"""The characters ``re`` matches to an ASCII letter whatever the case that ``str.lower`` does not map to it."""
+
+
+@lru_cache(maxsize=64)
+def _lowercase(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
+    """A case-insensitive pattern as a lowercase one for lowercased text (``re`` tries every case of every
+    character otherwise, some ten times slower); None where its text has an escape a lowercase letter would
+    change (``\\W``, ``\\S``...)."""
+    if not pattern.flags & re.IGNORECASE or re.search(r"\\[A-Z]", pattern.pattern):
+        return None
+    return re.compile(pattern.pattern.lower(), (pattern.flags & ~re.IGNORECASE) | re.MULTILINE)
+
+
 def found_in(names: Sequence[str], pattern: re.Pattern[str]) -> npt.NDArray[np.bool_]:
-    """``[bool(pattern.search(n)) for n in names]``, for a pattern that cannot match a newline."""
+    """``[bool(pattern.search(n)) for n in names]``, for a pattern that cannot match a newline. A
+    case-insensitive one is searched lowercase in the lowercased names, and then, as itself, in the names it is
+    found in there (those are all the names it is found in: the lowercasing folds every character ``re`` takes
+    for an ASCII letter to that letter)."""
     text = _joined(names) if names and not anchored(pattern) else None
     if text is None:
         return np.fromiter((pattern.search(n) is not None for n in names), bool, len(names))
     line_starts = np.zeros(len(names), np.int64)
     np.cumsum(np.fromiter(map(len, names), np.int64, len(names))[:-1] + 1, out=line_starts[1:])
-    hits = np.fromiter((m.start() for m in _per_line(pattern).finditer(text)), np.int64)
+    lowercase = _lowercase(pattern)
+    folded = text.translate(_ASCII_FOLDS).lower() if lowercase is not None else ""
+    search = _per_line(pattern) if lowercase is None or len(folded) != len(text) else lowercase
+    hits = np.fromiter((m.start() for m in search.finditer(text if search is not lowercase else folded)), np.int64)
     out = np.zeros(len(names), bool)
-    out[np.searchsorted(line_starts, hits, side="right") - 1] = True
+    rows = np.unique(np.searchsorted(line_starts, hits, side="right") - 1)
+    if search is lowercase:
+        rows = rows[np.fromiter((pattern.search(names[i]) is not None for i in rows.tolist()), bool, rows.size)]
+    out[rows] = True
     return out
 
 
