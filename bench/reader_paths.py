@@ -12,6 +12,7 @@ excluded) of each, and the pure path's time over the compiled one's (above 1: th
     python bench/reader_paths.py                        # 64 MiB each, 3 rounds
     python bench/reader_paths.py --target-mib 256 --repeat 2
     python bench/reader_paths.py --commit f268117        # also the code of a commit (its scanner built here)
+    python bench/reader_paths.py --traces cuda --target-mib 256
 """
 
 from __future__ import annotations
@@ -106,12 +107,15 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/gpuidle-bench"))
     parser.add_argument("--commit", help="also measure the code of this commit (exported, its scanner built)")
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the synthesized traces")
+    parser.add_argument("--traces", default="cuda,rocm,distinct", help="which of cuda, rocm, distinct")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     traces: dict[str, Path] = {}
     for name, make in (("cuda", lambda p: cuda_trace(args.source, p, args.target_mib)),
                        ("rocm", lambda p: rocm_trace(args.source, p, args.target_mib)),
                        ("distinct", lambda p: distinct_names_trace(p, args.target_mib))):
+        if name not in args.traces.split(","):
+            continue
         path = args.workdir / f"paths_{name}_{args.target_mib:g}mib.json.gz"
         if not path.exists():
             make(path)
