@@ -8,7 +8,9 @@ depth, duplicated keys, thousands of distinct names) and from byte mutations of 
 Used by the tests (a short pass) and run as a script by ``.ci/sanitize`` against a build with AddressSanitizer and
 UBSan, where any read past a buffer, use after free or undefined arithmetic ends the run::
 
-    python tests/kscan_fuzz.py --seconds 120 [--extension path/to/_kscan.so]
+    python tests/kscan_fuzz.py --seconds 120 [--extension path/to/_kscan.so] [--seed N] [--huge]
+
+Each run draws a new seed and prints it first: a failing run is replayed with ``--seed``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import importlib.util
+import math
+import os
 import random
 import sys
 import time
@@ -66,8 +70,59 @@ def assert_same(scanned: dict[str, Any], decoded: dict[str, Any]) -> None:
             assert scanned[key] == value, key
 
 
+def _time(v: float) -> tuple[float, ...]:
+    """A time to the bit: NaN (missing) as itself, and the sign of a zero kept."""
+    return (math.nan,) if math.isnan(v) else (v, math.copysign(1.0, v))
+
+
+def _args_key(a: Any) -> tuple[Any, ...] | None:
+    """Every field of an args object; a string stream as none (-1), as the columns read it; Input Dims and Input
+    type by their values (a coerced event's are encoded again)."""
+    if a is None:
+        return None
+
+    def value(raw: Any) -> Any:
+        try:
+            return msgspec.json.decode(bytes(raw)) if bytes(raw) else []
+        except msgspec.DecodeError:  # bytes a Raw field keeps unchecked (bad UTF-8): compared as they are
+            return bytes(raw)
+
+    return (a.correlation, a.device, a.stream if type(a.stream) is int else -1, a.bytes, a.collective, a.group,
+            a.in_nelems, a.out_nelems, a.group_size, a.dtype, value(a.input_dims), value(a.input_type))
+
+
+def scanned_rows(s: Any) -> list[tuple[Any, ...]]:
+    """Every field of every event the scanner read, whatever its category or phase; the args read again from
+    the text the scanner marked, as the columns read a collective's."""
+    from gpuidle.sources.kineto_events import decode_args
+
+    strings = s.strings
+    rows = []
+    for i in range(len(s)):
+        pid = strings[s.pid_s[i]] if s.pid_s[i] >= 0 else int(s.pid[i])
+        tid = strings[s.tid_s[i]] if s.tid_s[i] >= 0 else int(s.tid[i])
+        lo, hi = int(s.args_lo[i]), int(s.args_hi[i])
+        args = _args_key(decode_args(s.text[lo:hi])) if lo >= 0 else None
+        rows.append((strings[s.cat[i]], strings[s.ph[i]], strings[s.name[i]], _time(float(s.ts[i])),
+                     _time(float(s.dur[i])), pid, tid, int(s.corr[i]), int(s.device[i]), int(s.stream[i]),
+                     int(s.nbytes[i]), args))
+    return rows
+
+
+def decoded_rows(events: list[Any]) -> list[tuple[Any, ...]]:
+    """The same fields of every decoded event."""
+    rows = []
+    for e in events:
+        a = e.args
+        key = _args_key(a)
+        ids = (-1, -1, -1, -1) if key is None else key[:4]
+        rows.append((e.cat, e.ph, e.name, _time(e.ts), _time(e.dur), e.pid, e.tid, *ids, key))
+    return rows
+
+
 def compare(texts: list[bytes]) -> int:
-    """Columns of the chunks scanned (declined ones decoded) against all decoded; the chunks declined."""
+    """Columns of the chunks scanned (declined ones decoded) against all decoded, and every field of every
+    event of each chunk the scanner read; the chunks declined."""
     from gpuidle.sources.kineto_columns import Columns
     from gpuidle.sources.kineto_events import decode_chunk
     from gpuidle.sources.kineto_scan import scan
@@ -77,6 +132,11 @@ def compare(texts: list[bytes]) -> int:
         decoded = decode_chunk(text)
         scanned = scan(text)
         declined += scanned is None
+        if scanned is not None:
+            rows, expected = scanned_rows(scanned), decoded_rows(decoded)
+            assert len(rows) == len(expected), text[:200]
+            for got, want in zip(rows, expected, strict=True):
+                assert got == want, (got, want)
         by_scan.add(decoded if scanned is None else scanned)
         by_decoder.add(decoded)
     assert_same(state(by_scan), state(by_decoder))
@@ -294,12 +354,61 @@ def bytes_subclass_case() -> None:
     assert out[0] == 1
 
 
-def huge_digits_case() -> None:
-    """An integer of 2^32 + 19 digits: past an int's count of them, it must still read as past int64."""
-    from gpuidle.sources import _kscan
+BLOCK = 1 << 21
 
-    text = b'[{"pid":1' + b"0" * ((1 << 32) + 18) + b"}]"
-    assert _kscan.scan(text) is None
+
+def _repeated(head: bytes, zeros: int, tail: bytes) -> tuple[int, Callable[[], None]]:
+    """The address of ``head``, ``zeros`` blocks of ``"0"`` and ``tail`` (each BLOCK bytes), then a NUL: one
+    block of zeros mapped again and again into one stretch of addresses, so that gigabytes of digits take a few
+    MiB of memory (Linux). Returns the address and what unmaps it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    prot_none, prot_read, shared, private, fixed, anonymous, noreserve = 0, 1, 1, 2, 0x10, 0x20, 0x4000
+    size = (zeros + 2) * BLOCK
+    base = libc.mmap(None, size, prot_none, private | anonymous | noreserve, -1, 0)
+    assert base not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    fds = []
+    for i, text in enumerate((head.ljust(BLOCK, b"0"), b"0" * BLOCK, (tail + b"\0").ljust(BLOCK, b"\0"))):
+        fd = os.memfd_create(f"kscan-digits-{i}")
+        os.write(fd, text)
+        fds.append(fd)
+    for at in range(zeros + 2):
+        fd = fds[0] if at == 0 else fds[2] if at == zeros + 1 else fds[1]
+        got = libc.mmap(base + at * BLOCK, BLOCK, prot_read, shared | fixed, fd, 0)
+        assert got == base + at * BLOCK, os.strerror(ctypes.get_errno())
+    for fd in fds:
+        os.close(fd)
+    return base, lambda: libc.munmap(base, size)
+
+
+def huge_digits_case(extension: str) -> None:
+    """Numbers of 2^32 + 19 digits, past an int's count of them, read by the build at ``extension``: an integer
+    must still read as past int64, and a fraction with 2^32 zeros before its digit as past a double's exponent
+    (a counter of 32 bits wraps to 0 there and reads 1). Some 8 GiB of text, in a few MiB of memory."""
+    import ctypes
+
+    lib = ctypes.CDLL(extension)
+    fallback = -1
+    zeros = (1 << 32) // BLOCK - 1
+    # "1", then 2^32 + 18 zeros: 1 + (BLOCK - 1) + zeros * BLOCK + 19 digits
+    base, unmap = _repeated(b"1", zeros, b"0" * 19 + b"}")
+    try:
+        p, out = ctypes.c_void_p(base), ctypes.c_int64()
+        assert lib.int_field(ctypes.byref(p), ctypes.byref(out)) == fallback, out.value
+    finally:
+        unmap()
+    # "0.", then 2^32 - 1 zeros and a 1: 10^-(2^32)
+    base, unmap = _repeated(b"0.", zeros, b"01}")
+    try:
+        p, is_int, ival, dval = ctypes.c_void_p(base), ctypes.c_int(), ctypes.c_int64(), ctypes.c_double()
+        rc = lib.number(ctypes.byref(p), ctypes.byref(is_int), ctypes.byref(ival), ctypes.byref(dval))
+        assert rc == fallback, dval.value
+    finally:
+        unmap()
 
 
 # --- the run --------------------------------------------------------------------------------------------------
@@ -332,15 +441,19 @@ def run(seconds: float, seed: int, cases: int | None = None, progress: bool = Fa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, help="replay a run (its seed is printed first); default: a new one")
     parser.add_argument("--extension", help="a build of _kscan to load in place of the installed one")
-    parser.add_argument("--huge", action="store_true", help="also the 4 GiB number (needs ~9 GiB of memory)")
+    parser.add_argument("--huge", action="store_true", help="also numbers of 2^32 digits (Linux; a few MiB)")
     args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
+    print(f"kscan fuzz: seed {seed} (replay with --seed {seed})", flush=True)
     if args.extension:
         load_extension(args.extension)
-    counts = run(args.seconds, args.seed, progress=True)
+    counts = run(args.seconds, seed, progress=True)
     if args.huge:
-        huge_digits_case()
+        from gpuidle.sources import _kscan
+
+        huge_digits_case(args.extension or _kscan.__file__)
     print(f"kscan fuzz: {sum(counts.values())} chunks, {counts['read']} read, {counts['declined']} declined, "
           f"{counts['refused']} refused by the decoder; no difference")
 

@@ -105,7 +105,16 @@ EDGES: dict[str, tuple[bytes, bool]] = {
     "more than 19 digits": (b'[{"ph":"X","cat":"kernel","name":"k","ts":17000000001234567890.1}]', False),
     "unbounded id": (msgspec.json.encode([event(pid=1 << 64)]), False),
     "float id": (b'[{"ph":"X","cat":"kernel","name":"k","pid":1.0}]', False),
-    "string correlation": (msgspec.json.encode([event(args={"correlation": "3"})]), False),
+    "string correlation": (msgspec.json.encode([event(args={"correlation": "3"})]), True),
+    "ROCm string bytes": (msgspec.json.encode([event(cat="gpu_memcpy", args={"bytes": "616", "stream": "0x0",
+                                                                             "device": "0"}), event()]), True),
+    "string counts of a collective": (msgspec.json.encode([event(cat="cpu_op", name="record_param_comms", args={
+        "Collective name": "allreduce", "In msg nelems": "1024", "Out msg nelems": "-0", "Group size": "08",
+        "dtype": "Float"})]), True),
+    "numeric strings the decoder coerces": (msgspec.json.encode([event(args={"bytes": " 6"}), event(args={
+        "correlation": "0x1f"}), event(args={"device": "+1"}), event(args={"bytes": "1_0"})]), False),
+    "numeric string past int64": (msgspec.json.encode([event(args={"bytes": "9223372036854775808"})]), False),
+    "empty numeric string": (msgspec.json.encode([event(args={"correlation": ""})]), False),
     "null time": (b'[{"ph":"X","cat":"kernel","name":"k","ts":null}]', False),
     "duplicate field": (b'[{"ph":"X","cat":"kernel","name":"a","name":"b"}]', False),
     "not an object": (b'[{"ph":"X","cat":"kernel","name":"k"}, 5]', False),
@@ -119,6 +128,23 @@ def test_edges_of_json_and_the_schema(name: str) -> None:
     text, read = EDGES[name]
     assert (scan(text) is not None) == read
     compare([text])
+
+
+@needs_scanner
+def test_a_copy_size_written_as_a_string_reads_as_its_integer_whichever_path_reads_it() -> None:
+    """ROCm writes a copy's size as a string: both paths read it as the integer, the string stream as none (the
+    tid names it), and the other events of the chunk as if it were not there."""
+    from gpuidle.sources.kineto_columns import Columns
+
+    text = msgspec.json.encode([event(cat="gpu_memcpy", tid=4, args={"bytes": "616", "stream": "0x0", "device": "1"}),
+                                event(args={"bytes": 8, "stream": "0x0"}, tid=9)])
+    for chunk in (scan(text), decode_chunk(text)):
+        assert chunk is not None
+        cols = Columns()
+        cols.add(chunk)
+        assert np.concatenate(cols.dev["bytes"]).tolist() == [616, 8]
+        assert np.concatenate(cols.dev["stream"]).tolist() == [4, 9]
+        assert np.concatenate(cols.dev["device"]).tolist() == [1, 0]
 
 
 EXACT = ["0", "-0", "1", "0.1", "-0.0", "1e-7", "123456.789e3", "9007199254740992", "1700000000000.001",
@@ -202,7 +228,8 @@ def test_ids_survive_the_table_growing_with_freed_memory_poisoned() -> None:
             "    text = k.many_names(n); assert scan(text) is not None; assert k.compare([text]) == 0\n"
             "print('same')")
     env = os.environ | {"MALLOC_PERTURB_": "165", "MALLOC_MMAP_THRESHOLD_": "65536",
-                        "PYTHONPATH": str(Path(__file__).parent)}
+                        "PYTHONPATH": os.pathsep.join(filter(None, (str(Path(__file__).parent),
+                                                                     os.environ.get("PYTHONPATH"))))}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "same"
@@ -249,3 +276,53 @@ def test_names_built_to_collide_cost_what_the_decoder_costs() -> None:
 @needs_scanner
 def test_a_bytes_subclass_is_never_read_in_place() -> None:
     kscan_fuzz.bytes_subclass_case()
+
+
+def test_gpuidle_reader_python_reads_without_loading_the_scanner() -> None:
+    """``GPUIDLE_READER=python`` (a broken build, a benchmark): the typed decoder reads every chunk, the compiled
+    scanner never loaded, and the trace reads to the same columns."""
+    code = ("import sys; from gpuidle.sources.kineto_read import read_columns; "
+            "cols, _ = read_columns(sys.argv[1]); "
+            "print('gpuidle.sources._kscan' in sys.modules, cols.events, len(cols.strings))")
+    env = os.environ | {"GPUIDLE_READ_WORKERS": "1"}
+    outs = [subprocess.run([sys.executable, "-c", code, str(EXAMPLE)], env=env | {"GPUIDLE_READER": reader},
+                           capture_output=True, text=True, check=True).stdout.split() for reader in ("python", "")]
+    assert outs[0][0] == "False"
+    assert outs[0][1:] == outs[1][1:]
+    assert int(outs[0][1]) > 0
+
+
+@needs_scanner
+def test_the_string_hash_tells_apart_what_only_the_length_did() -> None:
+    """The length has a fold of its own: strings whose first word XOR their length agree (``""``, ``"\\x01"``,
+    ``"\\x02\\0"``, ...) once hashed alike (to 0) whatever the key; a name and the name padded with NULs too."""
+    from gpuidle.sources import _kscan
+
+    same_word_xor_length = [n.to_bytes(8, "little")[:n] for n in range(8)]
+    padded = [b"name" + b"\0" * k for k in range(12)] + [b"\0" * k for k in range(1, 20)]
+    short = [bytes([a, b]) for a in range(256) for b in range(256)] + [bytes([a]) for a in range(256)]
+    for names in (same_word_xor_length, padded, short):
+        hashes = [_kscan.string_hash(n) for n in names]
+        assert len(set(hashes)) == len(names)
+        assert 0 not in hashes
+
+
+@needs_scanner
+def test_an_allocation_that_fails_while_scanning_raises_memory_error() -> None:
+    """Whichever allocation of the interpreter's fails (the strings' list, a string, a column), the scan raises
+    MemoryError, never returns a value with an error set (SystemError)."""
+    testcapi = pytest.importorskip("_testcapi")
+    from gpuidle.sources import _kscan
+
+    text = msgspec.json.encode([event(), event(name="other", cat="cpu_op", pid="p")])
+    outcomes = set()
+    for nth in range(60):
+        testcapi.set_nomemory(nth, nth + 1)
+        try:
+            out = _kscan.scan(text)
+        except MemoryError:
+            out = "MemoryError"
+        finally:
+            testcapi.remove_mem_hooks()
+        outcomes.add("MemoryError" if out == "MemoryError" else type(out).__name__)
+    assert outcomes == {"MemoryError", "tuple"}

@@ -113,8 +113,9 @@ def test_summarize_and_compare_never_write_over_their_inputs(tmp_path: Path,
 
 def test_the_tests_record_into_a_home_of_their_own_never_the_users(tmp_path: Path) -> None:
     """A run recorded the way a test's subprocesses record (no --ledger, the environment as the test session set
-    it) lands in the session's own ledger; the user's ledger is as it was before the session began."""
-    from conftest import USERS_LEDGER, USERS_LEDGER_BEFORE, _fingerprint
+    it) lands in the session's own ledger; the user's ledger holds no run of the session's inputs (the user may
+    record runs of their own meanwhile)."""
+    from conftest import USERS_LEDGER, runs_of_the_session
 
     env = {k: v for k, v in os.environ.items() if k != "GPUIDLE_LEDGER"}  # the XDG home alone decides
     proc = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(TRACE)], env=env, cwd=tmp_path,
@@ -123,4 +124,5 @@ def test_the_tests_record_into_a_home_of_their_own_never_the_users(tmp_path: Pat
     recorded = Path(env["XDG_DATA_HOME"]) / "gpuidle" / "ledger.sqlite"
     assert [r.id for r in Ledger(recorded).runs()] == [1]
     assert recorded != USERS_LEDGER
-    assert _fingerprint(USERS_LEDGER) == USERS_LEDGER_BEFORE
+    assert runs_of_the_session(recorded, since=0) == [f"run 1 read {TRACE}"]  # it sees a run of the session's
+    assert runs_of_the_session(USERS_LEDGER) == []

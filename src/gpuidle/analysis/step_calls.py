@@ -45,14 +45,10 @@ def main_calls(tl: Timeline, names: NameClasses, launchers: I64, device: DeviceI
         keep = row >= 0
         if not keep.any():
             continue
-        pairs, where = np.unique(np.stack((step[keep], row[keep])), axis=1, return_inverse=True)
-        covered = np.bincount(where.ravel(), weights=length[keep], minlength=pairs.shape[1])
-        for k in np.argsort(-covered, kind="stable").tolist():
-            i, r = int(pairs[0, k]), int(pairs[1, k])
+        for i, r, covered in _largest_per_step(step[keep], row[keep], length[keep], host.start.size):
             cause_idle = int(device.step_idle[i, CAUSE_INDEX[cause]])
-            if (i, cause.value) in chosen or covered[k] < max(MAIN_SHARE * cause_idle, MIN_STEP_SHARE * span[i]):
-                continue
-            chosen[i, cause.value] = (r, float(covered[k]))
+            if covered >= max(MAIN_SHARE * cause_idle, MIN_STEP_SHARE * span[i]):
+                chosen[i, cause.value] = (r, covered)
     transfers = _transfers(tl, launchers, np.array(sorted({r for r, _ in chosen.values()}), dtype=np.int64))
     out: list[dict[str, StepCall]] = [{} for _ in range(n_steps)]
     for (i, cause_name), (r, covered_ns) in chosen.items():
@@ -61,6 +57,18 @@ def main_calls(tl: Timeline, names: NameClasses, launchers: I64, device: DeviceI
             name=tl.strings[int(host.name[r])], call_s=int(host.end[r] - host.start[r]) / 1e9,
             idle_s=covered_ns / 1e9, transfer_s=None if transfer is None else transfer / 1e9)
     return out
+
+
+def _largest_per_step(step: I64, row: I64, length: I64, n_rows: int) -> list[tuple[int, int, float]]:
+    """For each step, the row covering the most idle (``length`` summed over its pieces; of equal ones, the first
+    row): (step, row, covered), in one pass over the pieces, never one per (step, row) pair."""
+    pairs, where = np.unique(step * n_rows + row, return_inverse=True)
+    covered = np.bincount(where, weights=length, minlength=pairs.size)
+    pair_step = pairs // n_rows
+    order = np.lexsort((-covered, pair_step))  # by step, the largest first; stable: the first row of a tie
+    first = order[np.flatnonzero(np.diff(pair_step[order], prepend=-1) != 0)]
+    return list(zip(pair_step[first].tolist(), (pairs[first] % n_rows).tolist(), covered[first].tolist(),
+                    strict=True))
 
 
 def _covering(start: I64, end: I64, rows: I64, sorted_points: I64) -> I64:

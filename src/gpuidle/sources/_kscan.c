@@ -2,7 +2,8 @@
  *
  * scan(b"[{...}, {...}]") reads the fields the model uses into typed arrays and interns the strings (category,
  * phase, name, string pids and tids) in the order they first appear. It reads a strict subset of what the typed
- * decoder (msgspec, kineto_events.Event) accepts: anything else -- bad syntax, a type the decoder would refuse or
+ * decoder (msgspec, kineto_events.Event) accepts, and the integer arguments written as strings of digits that its
+ * per-event coercion reads (ROCm's "bytes":"616"): anything else -- bad syntax, a type the decoder would refuse or
  * coerce, a duplicated field, an integer past int64, deep nesting -- returns None, and the caller decodes the
  * chunk the general way, which gives that chunk's values or its error. The scan itself runs without the GIL.
  */
@@ -117,18 +118,18 @@ static int args(Scan *s, Ptr *pp, size_t row) {
         p = ws(p + 1);
         unsigned bit = 0;
         int rc;
-        if (KEY("correlation")) bit = 1, rc = int_field(&p, &c->corr[row]);
-        else if (KEY("device")) bit = 2, rc = int_field(&p, &c->device[row]);
+        if (KEY("correlation")) bit = 1, rc = int_arg(&p, &c->corr[row]);
+        else if (KEY("device")) bit = 2, rc = int_arg(&p, &c->device[row]);
         else if (KEY("stream")) /* a string stream (ROCm's "0x0") reads as none: the tid names it */
             bit = 4, rc = *p == '"' ? str_field(&p, lim) : int_field(&p, &c->stream[row]);
-        else if (KEY("bytes")) bit = 8, rc = int_field(&p, &c->nbytes[row]);
+        else if (KEY("bytes")) bit = 8, rc = int_arg(&p, &c->nbytes[row]);
         else if (KEY("Collective name")) bit = 16, rc = str_field(&p, lim);
         else if (KEY("Process Group Name")) bit = 32, rc = str_field(&p, lim);
         else if (KEY("dtype")) bit = 64, rc = str_field(&p, lim);
         else if (KEY("In msg nelems") || KEY("Out msg nelems") || KEY("Group size")) {
             int64_t ignored;
             bit = KEY("In msg nelems") ? 128 : KEY("Out msg nelems") ? 256 : 512;
-            rc = int_field(&p, &ignored);
+            rc = int_arg(&p, &ignored);
         } else if (KEY("Input Dims") || KEY("Input type")) {
             bit = KEY("Input Dims") ? 1024 : 2048;
             rc = skip_value(&p, lim, 2);
@@ -307,7 +308,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
         out = Py_NewRef(Py_None);
     } else {
         PyObject *strings = PyList_New((Py_ssize_t)s.strings.used);
-        int bad = strings == NULL;
+        int bad = strings == NULL ? 2 : 0; /* 2: an error set (MemoryError); 1: the decoder's to word */
         for (size_t i = 0; !bad && i < s.strings.used; i++) {
             PyObject *u = PyUnicode_DecodeUTF8(s.strings.order_p[i], s.strings.order_len[i], "strict");
             if (!u) {
@@ -364,13 +365,13 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", NULL, -1, m
 /* The hash key from os.urandom, once a process: names cannot be built to collide without it. */
 static int seed_key(void) {
     PyObject *os = PyImport_ImportModule("os");
-    PyObject *key = os ? PyObject_CallMethod(os, "urandom", "i", 16) : NULL;
+    PyObject *key = os ? PyObject_CallMethod(os, "urandom", "i", KEY_BYTES) : NULL;
     Py_XDECREF(os);
     if (!key) return -1;
-    int ok = PyBytes_Check(key) && PyBytes_GET_SIZE(key) == 16;
+    int ok = PyBytes_Check(key) && PyBytes_GET_SIZE(key) == KEY_BYTES;
     if (ok) table_key((const unsigned char *)PyBytes_AS_STRING(key));
     Py_DECREF(key);
-    if (!ok) PyErr_SetString(PyExc_RuntimeError, "os.urandom(16) gave no 16 bytes");
+    if (!ok) PyErr_SetString(PyExc_RuntimeError, "os.urandom gave too few bytes");
     return ok ? 0 : -1;
 }
 

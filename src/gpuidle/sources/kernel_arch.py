@@ -14,6 +14,7 @@ import re
 
 from gpuidle.model import DeviceOpKind, DeviceOps
 from gpuidle.model.arrays import distinct
+from gpuidle.model.name_search import any_found
 
 FAMILIES: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...] = (
     ("maxwell", (re.compile(r"^maxwell_"),)),
@@ -46,12 +47,14 @@ def family(kernel: str) -> str | None:
 
 
 def kernel_arch_by_device(strings: list[str], ops: DeviceOps) -> dict[int, str]:
-    """Per device, the newest family among its kernels' names (distinct names only)."""
+    """Per device, the newest family among its kernels' names (distinct names only): each family's patterns
+    searched once in all of a device's names (:mod:`.name_search`), the newest claimed as the newest of each
+    name's newest would be; a ROCm family before any other."""
     out: dict[int, str] = {}
     kernels = ops.kind == DeviceOpKind.KERNEL
     for d in distinct(ops.device[kernels]):
-        names = distinct(ops.name[kernels & (ops.device == d)])
-        found = [f for n in names if (f := family(strings[int(n)])) is not None]
+        names = [strings[n] for n in distinct(ops.name[kernels & (ops.device == d)]).tolist()]
+        found = [name for name, patterns in FAMILIES if any(any_found(names, p, name in FOLDED) for p in patterns)]
         cdna = [f for f in found if f.startswith("cdna")]
         best = max(cdna or found, key=lambda n: ORDER[n], default=None)
         if best is not None:

@@ -32,6 +32,7 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.model.arrays import distinct
+from gpuidle.model.name_search import found_in
 from gpuidle.sources import step_markers
 from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
@@ -117,10 +118,14 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     dstart = _to_ns(d["ts"] - t0_us)
     hstart = _to_ns(h["ts"] - t0_us)
     names = d["name"].astype(np.int32)
-    # per distinct name, not per event: collective kernels and copy kinds
-    collective_name = np.fromiter((is_collective_kernel(n) for n in strings), dtype=bool, count=len(strings))
-    copy_of_name = np.fromiter((copy_kind(n) for n in strings), dtype=np.int8, count=len(strings))
+    # per distinct name of a kernel or a copy, not per event nor per name of the trace: collectives, copy kinds
     kind = d["kind"].astype(np.int8)
+    kernel_names = distinct(names[kind == DeviceOpKind.KERNEL])
+    collective_name = np.zeros(len(strings), bool)
+    collective_name[kernel_names] = found_in([strings[n] for n in kernel_names.tolist()], _COLLECTIVE_KERNEL)
+    copy_of_name = np.zeros(len(strings), np.int8)
+    for n in distinct(names[kind == DeviceOpKind.MEMCPY]).tolist():
+        copy_of_name[n] = copy_kind(strings[n])
     kind[(kind == DeviceOpKind.KERNEL) & collective_name[names]] = DeviceOpKind.COLLECTIVE
     device_ops = DeviceOps(
         start=dstart, end=dstart + np.maximum(_to_ns(d["dur"]), 0),

@@ -28,6 +28,7 @@ from gpuidle.sources.kineto_events import (
     I64_MAX,
     Args,
     Event,
+    decode_args,
     fit,
     fits_int32,
     float_field,
@@ -93,7 +94,6 @@ def dtype_bytes(dtype: str) -> int:
 
 
 _CAT, _PH, _NAME = attrgetter("cat"), attrgetter("ph"), attrgetter("name")
-_ARGS = msgspec.json.Decoder(Args)
 _CODE = {**{c: int(k) for c, k in _DEVICE_CATS.items()}, **{c: 10 + int(k) for c, k in _HOST_CATS.items() if k >= 0}}
 """Category -> 0..3 device kind, or 10 + host kind; anything else is skipped."""
 
@@ -239,7 +239,7 @@ class Columns:
                 for i in self._collective_rows(known, names):
                     row = int(host_rows[i])
                     if s.args_lo[row] >= 0:
-                        args = _ARGS.decode(s.text[s.args_lo[row]:s.args_hi[row]])
+                        args = decode_args(s.text[s.args_lo[row]:s.args_hi[row]])
                         self._collective(self.hosts + i, strings[s.name[row]], args)
                 self.hosts += int(host_rows.size)
 

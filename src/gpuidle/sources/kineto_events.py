@@ -1,6 +1,6 @@
 """Kineto events as decoded: typed structs, a lenient fallback for odd types, and integer ranges.
 
-The typed decoder reads only the fields used. A chunk it refuses (a string where a number
+The typed decoder reads only the fields used. An event it refuses (a string where a number
 belongs, an element that is not an object) is decoded generically and coerced in Python;
 integers are kept unbounded there, and :func:`int64` tells which ones the model cannot hold.
 """
@@ -50,7 +50,10 @@ class Event(msgspec.Struct, gc=False):
 
 EMPTY_ARGS = Args()
 _strict = msgspec.json.Decoder(list[Event])
-_loose = msgspec.json.Decoder(list[Any])
+_raws = msgspec.json.Decoder(list[msgspec.Raw])
+_one = msgspec.json.Decoder(Event)
+_args = msgspec.json.Decoder(Args)
+_any = msgspec.json.Decoder(Any)
 
 
 def _int(v: Any, default: int = -1) -> int:
@@ -75,13 +78,14 @@ def _float(v: Any) -> float:
         return NO_TIME
 
 
-def _loose_to_strict(ev: dict[str, Any]) -> Event:
-    a = ev.get("args")
-    a = a if isinstance(a, dict) else {}
-    args = Args(
+def _loose_args(a: dict[str, Any]) -> Args:
+    """Args from a generic decode: numbers and numeric strings as integers; a string stream (ROCm's ``"0x0"``)
+    kept as the typed decoder keeps it."""
+    stream = a.get("stream")
+    return Args(
         correlation=_int(a.get("correlation")),
         device=_int(a.get("device")),
-        stream=_int(a.get("stream")),
+        stream=stream if isinstance(stream, str) else _int(stream),
         bytes=_int(a.get("bytes")),
         collective=str(a.get("Collective name", "")),
         group=str(a.get("Process Group Name", "")),
@@ -92,6 +96,11 @@ def _loose_to_strict(ev: dict[str, Any]) -> Event:
         input_dims=msgspec.Raw(msgspec.json.encode(a.get("Input Dims", []))),
         input_type=msgspec.Raw(msgspec.json.encode(a.get("Input type", []))),
     )
+
+
+def _loose_to_strict(ev: dict[str, Any]) -> Event:
+    a = ev.get("args")
+    args = _loose_args(a if isinstance(a, dict) else {})
     pid, tid = ev.get("pid", 0), ev.get("tid", 0)
     pid = pid if isinstance(pid, int | str) and not isinstance(pid, bool) else str(pid)
     tid = tid if isinstance(tid, int | str) and not isinstance(tid, bool) else str(tid)
@@ -99,12 +108,32 @@ def _loose_to_strict(ev: dict[str, Any]) -> Event:
                   _float(ev.get("ts")), _float(ev.get("dur")), pid, tid, args)
 
 
+def _event(raw: msgspec.Raw) -> Event | None:
+    """One event, typed; coerced in Python only where its own fields need it (None: not an object)."""
+    try:
+        return _one.decode(raw)
+    except msgspec.ValidationError:
+        ev = _any.decode(raw)
+        return _loose_to_strict(ev) if isinstance(ev, dict) else None
+
+
 def decode_chunk(text: bytes) -> list[Event]:
-    """Typed decoding; a chunk with unexpected types (or elements that are not objects) is coerced in Python."""
+    """Typed decoding. In a chunk with unexpected types (ROCm's ``"bytes":"616"``, elements that are not
+    objects) each event is decoded typed on its own, and only those that need it are coerced in Python: one odd
+    field costs its event, not its chunk."""
     try:
         return _strict.decode(text)
     except msgspec.ValidationError:
-        return [_loose_to_strict(e) for e in _loose.decode(text) if isinstance(e, dict)]
+        return [e for e in map(_event, _raws.decode(text)) if e is not None]
+
+
+def decode_args(text: bytes) -> Args:
+    """An event's args object, typed, or coerced as its event's would be."""
+    try:
+        return _args.decode(text)
+    except msgspec.ValidationError:
+        a = _any.decode(text)
+        return _loose_args(a if isinstance(a, dict) else {})
 
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1

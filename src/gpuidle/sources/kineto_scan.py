@@ -4,10 +4,14 @@ The scanner (``_kscan.c``) reads a chunk's events into typed arrays without a Py
 cost that dominates reading a big trace in Python. It accepts only what the typed decoder would read to the same
 values; any other chunk (bad syntax, odd types, numbers past int64) is decoded by
 :func:`~gpuidle.sources.kineto_events.decode_chunk`, which gives that chunk's values or its error. Without a C
-compiler at install time there is no scanner, and every chunk is decoded that way.
+compiler at install time there is no scanner, and every chunk is decoded that way; ``GPUIDLE_READER=python``
+reads that way too, without loading the scanner at all (a build that is broken, or a comparison of the two).
 """
 
 from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -16,10 +20,16 @@ import numpy.typing as npt
 from gpuidle.model import I64
 from gpuidle.sources.kineto_events import Event, decode_chunk
 
-try:
-    from gpuidle.sources import _kscan
-except ImportError:  # built without a C compiler
-    _kscan = None  # type: ignore[assignment]
+READER_ENV = "GPUIDLE_READER"
+"""``python``: read every chunk with the typed decoder, the compiled scanner not even loaded."""
+
+if TYPE_CHECKING or os.environ.get(READER_ENV, "").strip().lower() != "python":
+    try:
+        from gpuidle.sources import _kscan
+    except ImportError:  # built without a C compiler
+        _kscan = None  # type: ignore[assignment]
+else:
+    _kscan = None
 
 I32 = npt.NDArray[np.int32]
 F64 = npt.NDArray[np.float64]

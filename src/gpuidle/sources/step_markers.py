@@ -16,6 +16,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from gpuidle.model import I64, HostEvents, HostKind, Steps
+from gpuidle.model.arrays import distinct
+from gpuidle.model.name_search import found_in
 
 PROFILER_STEP = "profiler_step"
 DEVICE_STEPS = "device_steps"
@@ -47,8 +49,14 @@ def none() -> Steps:
 def numbered_ranges(strings: list[str], host: HostEvents, pattern: re.Pattern[str], source: str,
                     annotations_only: bool = False) -> Steps:
     """Host ranges whose name ``pattern`` numbers (its group 1), one per step number: a step recorded twice
-    (two threads) keeps its first range."""
-    numbers = {i: int(m.group(1)) for i, s in enumerate(strings) if (m := pattern.match(s))}
+    (two threads) keeps its first range. The names tried: the annotations' (``annotations_only``), else those
+    the pattern, which must not match a newline, is found in (all names searched at once: a trace of many
+    distinct names pays no Python call per name)."""
+    if annotations_only:
+        candidates = distinct(host.name[host.kind == HostKind.ANNOTATION]).tolist()
+    else:
+        candidates = np.flatnonzero(found_in(strings, pattern)).tolist()
+    numbers = {i: int(m.group(1)) for i in candidates if (m := pattern.match(strings[i]))}
     if not numbers:
         return none()
     marked = np.isin(host.name, np.fromiter(numbers, dtype=np.int64))

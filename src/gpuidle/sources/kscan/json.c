@@ -266,6 +266,25 @@ int int_field(Ptr *pp, int64_t *out) {
     return OK;
 }
 
+int int_arg(Ptr *pp, int64_t *out) {
+    Ptr p = *pp;
+    if (*p != '"') return int_field(pp, out);
+    p++;
+    int neg = *p == '-';
+    if (neg) p++;
+    if (!(*p >= '0' && *p <= '9')) return FALLBACK;
+    int64_t v = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        int d = *p - '0';
+        if (v > (INT64_MAX - d) / 10) return FALLBACK; /* past int64 (its least value too): the decoder's */
+        v = v * 10 + d;
+    }
+    if (*p != '"') return FALLBACK; /* a sign, a space, a base, an escape: the decoder coerces those */
+    *out = neg ? -v : v;
+    *pp = p + 1;
+    return OK;
+}
+
 int str_field(Ptr *pp, Ptr lim) {
     Ptr lo, end;
     Py_ssize_t n;

@@ -56,6 +56,9 @@ int number(Ptr *pp, int *is_int, int64_t *ival, double *dval);
 int skip_value(Ptr *pp, Ptr lim, int depth);
 /* An integer within int64. */
 int int_field(Ptr *pp, int64_t *out);
+/* An integer argument: an integer within int64, or a string of one (ROCm writes "bytes":"616"), read as the
+ * decoder coerces it: an optional '-' and decimal digits, nothing else, within int64. */
+int int_arg(Ptr *pp, int64_t *out);
 /* A string of ASCII (the decoder checks other strings' UTF-8: left to it). */
 int str_field(Ptr *pp, Ptr lim);
 

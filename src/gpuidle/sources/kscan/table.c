@@ -7,14 +7,16 @@
 #include "status.h"
 
 /* The key, set once a process from os.urandom: names cannot be built to collide without it. The default is only
- * for a table used before the module's start (none is). */
-static uint64_t key0 = 0x243F6A8885A308D3ULL, key1 = 0x13198A2E03707344ULL;
+ * for a table used before the module's start (none is). `mul` and `last` are odd: a product with them loses no
+ * low bit, and no factor is forced to zero. */
+static uint64_t start = 0x243F6A8885A308D3ULL, mul = 0x13198A2E03707345ULL, last = 0xA4093822299F31D1ULL;
 
-void table_key(const unsigned char key[16]) {
-    memcpy(&key0, key, 8);
-    memcpy(&key1, key + 8, 8);
-    key0 |= 1; /* odd factors: no product is forced to zero */
-    key1 |= 1;
+void table_key(const unsigned char key[KEY_BYTES]) {
+    memcpy(&start, key, 8);
+    memcpy(&mul, key + 8, 8);
+    memcpy(&last, key + 16, 8);
+    mul |= 1;
+    last |= 1;
 }
 
 #ifdef __SIZEOF_INT128__
@@ -30,18 +32,22 @@ static inline uint64_t fold(uint64_t a, uint64_t b) {
 }
 #endif
 
+/* Eight bytes at a time, each word folded into the state with the keyed multiplier; the last word padded with
+ * zeros; the length folded in on its own at the end, so that no string and a shorter one padded with NULs can
+ * share a state that only the length tells apart (it once shared the first word's: "" and "\x01" hashed alike). */
 uint64_t hash_bytes(const char *p, Py_ssize_t n) {
-    uint64_t h = key0 ^ (uint64_t)n;
+    uint64_t h = start, len = (uint64_t)n;
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
-        h = fold(h ^ w ^ key1, 0x9E3779B97F4A7C15ULL ^ key0);
+        h = fold(h ^ w, mul);
         p += 8;
         n -= 8;
     }
     uint64_t w = 0;
     memcpy(&w, p, (size_t)n);
-    return fold(h ^ w ^ key0, 0xC4CEB9FE1A85EC53ULL ^ key1);
+    h = fold(h ^ w, mul);
+    return fold(h ^ len, last);
 }
 
 int table_init(Table *t) {

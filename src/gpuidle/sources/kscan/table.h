@@ -27,8 +27,9 @@ typedef struct {
     size_t n_owned, owned_cap;
 } Table;
 
-/* The process's hash key, once, before any table is used: 16 random bytes. */
-void table_key(const unsigned char key[16]);
+#define KEY_BYTES 24
+/* The process's hash key, once, before any table is used: KEY_BYTES random bytes. */
+void table_key(const unsigned char key[KEY_BYTES]);
 /* The keyed hash of p[:n] (exposed for tests). */
 uint64_t hash_bytes(const char *p, Py_ssize_t n);
 int table_init(Table *t);

@@ -1,0 +1,58 @@
+"""Patterns searched in all names at once give what a search of each name gives."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import numpy as np
+
+from gpuidle.model.name_search import anchored, any_found, found_in
+from gpuidle.sources.kernel_arch import FAMILIES
+from gpuidle.sources.kineto import _COLLECTIVE_KERNEL
+from gpuidle.sources.step_markers import PROFILER_STEP_NAME
+
+PATTERNS = [_COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES for p in ps)]
+"""Every pattern searched through :mod:`gpuidle.model.name_search` (the readers' kernel and step patterns)."""
+PIECES = ["ncclDevKernel_AllReduce", "nccl", "kernel", "ProfilerStep#", "12", "sm90_", "_sm80", "wgmma", "Cijk_",
+          "gfx942", "ucc_", "x", "", " ", "_", "#", "\n", "İ", "Σ", "é", "ampere_", "volta_", "::", "deep_ep::",
+          "## ", "broad", "cast", "convert", "gemm", "h", "cudaMemcpy", "_v2", "Backward", "zero_grad", "grain",
+          "Optimizer.step#", "Launch", "PjitFunction(", "/site-packages/", "MPI_Send", "bf16", "conv", "er",
+          "ı", "ſ", "\u212a", "NCCL", "Kernel", "MULTIMEM_REDUCE", "ﬅ", "nvſhmem_", "UCC_", "deep_EP::",
+          "two_ſhot_all_reduce", "croſs_devİce_reduce", "cuſtom_all_reduce", "rccl\u212aernel", "nvshmemı_"]
+"""Pieces of names: the patterns' literals, and characters ``re`` takes for an ASCII letter whatever the case
+(``İ``, ``ı``, ``ſ``, the Kelvin sign) in them."""
+
+
+def names(rng: random.Random, newlines: bool) -> list[str]:
+    pieces = PIECES if newlines else [p for p in PIECES if p != "\n"]
+    return ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(0, 60))]
+
+
+def test_found_in_and_any_found_are_each_names_search() -> None:
+    rng = random.Random(7)
+    for case in range(600):
+        batch = names(rng, newlines=case % 5 == 0)
+        for pattern in PATTERNS:
+            each = np.array([pattern.search(n) is not None for n in batch], bool)
+            assert np.array_equal(found_in(batch, pattern), each), (pattern.pattern, batch)
+            folded = [n.lower() for n in batch]
+            assert any_found(batch, pattern) == bool(each.any())
+            assert any_found(batch, pattern, folded=True) == any(pattern.search(n) for n in folded)
+
+
+def test_a_name_holding_a_newline_is_its_own_name() -> None:
+    """``^`` anchors at a name's start, not after a newline inside it."""
+    pattern = re.compile(r"^ncclKernel")
+    assert found_in(["x\nncclKernel", "ncclKernel"], pattern).tolist() == [False, True]
+    assert not any_found(["x\nncclKernel"], pattern)
+    assert found_in([], pattern).size == 0
+
+
+def test_a_pattern_anchored_in_every_alternative_is_told_apart() -> None:
+    assert anchored(re.compile(r"^(a|b)c|^d"))
+    assert anchored(re.compile(r"^[|(]x|^\|"))
+    assert not anchored(re.compile(r"^a|b"))
+    assert not anchored(re.compile(r"^[]|]|b"))
+    assert not anchored(re.compile(r"(^a)|^b"))
+    assert not anchored(re.compile(r"^a\\|b"))
