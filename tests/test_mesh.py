@@ -345,8 +345,8 @@ def test_a_real_pipeline_and_all_to_all_are_named_as_the_mesh_reads_them(pipelin
     """Every collective PyTorch records on gloo for a pipeline schedule and an all-to-all is one the analysis
     recognises (its host-call class), and reads as the kind its dimension is inferred from: each stage's
     send/recv (4 microbatches, one neighbour: 4 each way) as ``send_recv``, the all-to-all as ``all_to_all``."""
-    from gpuidle.analysis.comm import canonical_collective
     from gpuidle.analysis.names import COLLECTIVE_HOST
+    from gpuidle.model.comm_kernels import canonical_op
 
     for rank in range(2):
         doc = json.loads((pipeline_job / f"pipeline_rank{rank}.json").read_text())
@@ -355,7 +355,7 @@ def test_a_real_pipeline_and_all_to_all_are_named_as_the_mesh_reads_them(pipelin
         collective = [n for n in names if n.startswith(("c10d::", "gloo:"))]
         assert collective
         assert all(any(p.search(n) for p in COLLECTIVE_HOST) for n in collective)
-        kinds = [canonical_collective(n) for n in collective if n.startswith("c10d::")]
+        kinds = [canonical_op(n) for n in collective if n.startswith("c10d::")]
         assert kinds.count("send_recv") == 2 * 4
         assert kinds.count("all_to_all") == 1
 

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
-from gpuidle.analysis.comm import Collectives, canonical_collective, split_by_key
+from gpuidle.analysis.comm import Collectives, split_by_key
 from gpuidle.analysis.hostwork import innermost
 from gpuidle.analysis.idle import DeviceIdle
 from gpuidle.model import I64, Timeline
+from gpuidle.model.comm_kernels import canonical_op
 from gpuidle.model.mesh import DIMENSIONS, SHAPE, MeshDim
 
 _MEGATRON = [(re.compile(p), dim) for p, dim in (
@@ -176,7 +177,7 @@ def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64,
     ``unknown``; ``under``: that idle's segments with their collective (:func:`collective_under`). The
     dimensions' idle adds up to the cause's, step by step."""
     calls = tl.collectives
-    call_kinds = [canonical_collective(c) for c in calls.collective]
+    call_kinds = [canonical_op(c) for c in calls.collective]
     moe = "all_to_all" in {*call_kinds, *coll.collective} and mixture_of_experts(tl)  # the names read only if asked
     facts = groups_by_name(tl.meta.process_groups)
     world = tl.meta.world_size

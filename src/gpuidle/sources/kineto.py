@@ -12,7 +12,6 @@ into numpy columns; no per-event object survives a chunk.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -32,19 +31,12 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.model.arrays import distinct
+from gpuidle.model.comm_kernels import is_collective_kernel
 from gpuidle.sources import step_markers
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
 from gpuidle.sources.kineto_columns import MAX_SPAN_US
 from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.kineto_read import read_columns
-
-_COLLECTIVE_KERNEL = re.compile(
-    r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel|^msccl|mscclpp|deep_ep::|pplx::|nvshmemi?_|\bucc_"
-    r"|cross_device_reduce|custom_?all_?reduce|(one|two)_shot_all_reduce|multimem_(all_reduce|all_gather|reduce)",
-    re.IGNORECASE,
-)
-"""Communication kernels: NCCL/RCCL, MSCCL and MSCCL++, DeepEP's and pplx's expert dispatch and combine,
-NVSHMEM-based kernels, UCC's, vLLM's custom all-reduce and PyTorch's symmetric-memory all-reduce kernels."""
 
 FORMAT = "kineto"
 
@@ -61,10 +53,6 @@ def copy_kind(name: str) -> CopyKind:
     if "DtoD" in name or "PtoP" in name:
         return CopyKind.DTOD
     return CopyKind.OTHER
-
-
-def is_collective_kernel(name: str) -> bool:
-    return bool(_COLLECTIVE_KERNEL.search(name))
 
 
 def _to_ns(us: npt.NDArray[np.float64]) -> I64:

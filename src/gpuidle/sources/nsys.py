@@ -41,8 +41,8 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.model.arrays import distinct
+from gpuidle.model.comm_kernels import is_collective_kernel
 from gpuidle.sources import nsys_db, step_markers
-from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.nsys_db import Tables
 
 FORMAT = "nsys"
