@@ -40,11 +40,11 @@ COMPUTE = [(10, 3_000), (3_800, 6_000), (6_500, 8_000)]
 
 def mesh_trace(path: Path, groups: list[dict[str, Any]] | None, names: bool = True, rank: int = 1,
                world: int = 8, comms: list[tuple[str, str, str, float, float, float]] = COMMS,
-               compute: list[tuple[float, float]] = COMPUTE) -> Path:
-    """Four steps of 10 ms: compute kernels and the collectives of :data:`COMMS`, each launched inside its
+               compute: list[tuple[float, float]] = COMPUTE, steps: int = 4) -> Path:
+    """``steps`` steps of 10 ms: compute kernels and the collectives of :data:`COMMS`, each launched inside its
     ``record_param_comms`` (naming its group where ``names``); nothing on the host after the launches."""
     t = Trace(rank=rank, world=world, groups=groups)
-    for n in range(4):
+    for n in range(steps):
         base = n * STEP
         t.step(n + 1, base, STEP)
         at = base + 5
@@ -302,6 +302,44 @@ def test_the_stage_that_computes_longest_sets_the_pace(tmp_path: Path) -> None:
     assert 1 not in {s.rank for s in report.job.stragglers}
 
 
+def test_no_straggler_for_the_order_a_pipeline_schedule_imposes(tmp_path: Path) -> None:
+    """Two stages that compute alike over eight steps; the world's all-reduce after the flush reaches stage 0 last
+    (1F1B ends its backward there): stage 1 waits 1.5 ms in it every step. That is the schedule's order, not a
+    late rank: no straggler, the wait stays communication."""
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
+              {"pg_name": "1", "pg_desc": "mesh_pp", "pg_size": 2, "ranks": [0, 1]}]
+    first = [("send", "1", SENDRECV, 6_000, 6_500, 500), ("allreduce", "0", ALLREDUCE, 8_500, 9_000, 500)]
+    last = [("send", "1", SENDRECV, 6_000, 6_500, 500), ("allreduce", "0", ALLREDUCE, 7_000, 9_000, 2_000)]
+    one, two = tmp_path / "0", tmp_path / "1"
+    one.mkdir()
+    two.mkdir()
+    report = analyze([mesh_trace(one, groups, rank=0, world=2, comms=first, steps=8),
+                      mesh_trace(two, groups, rank=1, world=2, comms=last, steps=8)])
+    assert report.job is not None
+    assert report.job.stragglers == []
+    assert "pipeline stages compute alike" in " ".join(report.job.notes)
+    for rank in report.ranks:
+        assert rank.primary().idle_by_cause_s["straggler_wait"] == 0.0
+
+
+def test_one_step_names_no_straggler_and_moves_no_wait(tmp_path: Path) -> None:
+    """One step per rank, rank 1 reaching the data-parallel all-reduce 1.5 ms after rank 0: arrival skew, not
+    a straggler; the wait is not moved to ``straggler_wait`` while the note says there are too few steps."""
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]}]
+    early = [("allreduce", "0", ALLREDUCE, 7_000, 9_000, 2_000)]
+    late = [("allreduce", "0", ALLREDUCE, 8_500, 9_000, 500)]
+    one, two = tmp_path / "0", tmp_path / "1"
+    one.mkdir()
+    two.mkdir()
+    report = analyze([mesh_trace(one, groups, rank=0, world=2, comms=early, steps=1),
+                      mesh_trace(two, groups, rank=1, world=2, comms=late, steps=1)])
+    assert report.job is not None
+    assert report.job.stragglers == []
+    assert "too few steps to name a straggler" in " ".join(report.job.notes)
+    assert all(r.primary().idle_by_cause_s["straggler_wait"] == 0.0 for r in report.ranks)
+    assert "straggler_wait" not in {r.cause for r in report.recommendations}
+
+
 def test_context_parallel_overlap_from_the_cp_group(tmp_path: Path) -> None:
     """A ring of send/recv on the group ``mesh_cp``: its description, not the send/recv, tells the dimension."""
     groups = [*GROUPS[:1], {"pg_name": "5", "pg_desc": "mesh_cp", "pg_size": 2, "ranks": [1, 9]}]
@@ -317,13 +355,14 @@ def test_context_parallel_overlap_from_the_cp_group(tmp_path: Path) -> None:
 
 
 def test_the_rank_others_wait_for_in_all_to_all_is_named(tmp_path: Path) -> None:
-    """Two expert-parallel ranks: rank 1's all-to-all runs 1.0 ms a step, 0.8 ms of it with no compute beside it
-    (the next kernel starts at 3.8 ms), rank 0's 0.25 ms: rank 0 is the one the other waits for."""
+    """Two expert-parallel ranks over five steps: rank 1's all-to-all runs 1.0 ms a step, 0.8 ms of it with no
+    compute beside it (the next kernel starts at 3.8 ms), rank 0's 0.25 ms: rank 0 is the one the other waits for.
+    (With one step it would be arrival skew: :func:`test_one_step_names_no_straggler_and_moves_no_wait`.)"""
     one, two = tmp_path / "0", tmp_path / "1"
     one.mkdir()
     two.mkdir()
     traces = [mesh_trace(folder, None, names=False, rank=rank, world=2,
-                         comms=[("all_to_all", "", ALLTOALL, 3_000, 3_000 + wait, wait)])
+                         comms=[("all_to_all", "", ALLTOALL, 3_000, 3_000 + wait, wait)], steps=5)
               for folder, rank, wait in ((one, 0, 250), (two, 1, 1_000))]
     report = analyze(traces)
     assert report.job is not None

@@ -21,7 +21,7 @@ from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.intervals import Intervals
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
-from gpuidle.analysis.ranks import match_collectives, waiting_intervals
+from gpuidle.analysis.ranks import enough_steps, match_collectives, waiting_intervals
 from gpuidle.analysis.steps import step_window
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.errors import GpuidleError, InputNotFound
@@ -336,8 +336,8 @@ def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS,
         files = sorted({r.path for r in report.ranks})
         ranks = [o.analysis for o in LocalPool().run(files) if o.analysis is not None]
     mine = next(a for a in ranks if a.report.path == worst.path and a.report.rank == worst.rank)
-    waits = waiting_intervals(mine, match_collectives(ranks))
-    tl = idle_timeline(worst.path, bins, {mine.primary_device: waits}, rank=worst.rank)
+    waits = {mine.primary_device: waiting_intervals(mine, match_collectives(ranks))} if enough_steps(ranks) else {}
+    tl = idle_timeline(worst.path, bins, waits, rank=worst.rank)
     note = f"rank {worst.rank} of {len(report.ranks)}, the lowest utilization ({worst.primary().utilization:.1%})"
     return IdleTimeline(path=tl.path, rank=worst.rank, t0_ns=tl.t0_ns, step_numbers=tl.step_numbers,
                         step_bounds=tl.step_bounds, devices=tl.devices, note=note)

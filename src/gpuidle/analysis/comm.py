@@ -119,8 +119,10 @@ def find_collectives(tl: Timeline, window: StepWindow, launchers: I64) -> Collec
 
 def _issuing_call(tl: Timeline, launchers: I64, rows: I64) -> I64:
     """For each collective kernel, the collective call whose host range contains its launch (same thread, ends
-    included); of several, the first that knows its size: ``record_param_comms`` and the ``nccl:*`` range nested
-    in it both contain the launch, and only one of them may carry the sizes.
+    included); of several, the first that names its collective, then the first that knows its size:
+    ``record_param_comms`` and the ``nccl:*`` range nested in it both contain the launch, and only one of them may
+    carry the sizes or the name (an older ``record_param_comms`` names none: its ``nccl:all_to_all`` tells that
+    NCCL's ``SendRecv`` kernel under it is an all-to-all).
 
     All at once: the launches sorted by (thread, time), each call covers a run of them (two binary searches), and
     each launch keeps the call of least rank in that order among those covering it."""
@@ -130,7 +132,8 @@ def _issuing_call(tl: Timeline, launchers: I64, rows: I64) -> I64:
     linked = np.flatnonzero(launch >= 0)
     if len(calls) == 0 or linked.size == 0:
         return out
-    order = np.argsort(~((calls.in_bytes >= 0) | (calls.out_bytes >= 0)), kind="stable")
+    unnamed = np.fromiter((not c for c in calls.collective), dtype=bool, count=len(calls))
+    order = np.argsort(2 * unnamed + ~((calls.in_bytes >= 0) | (calls.out_bytes >= 0)), kind="stable")
     h = calls.host_index[order]
     on_axis = thread_axis(host)
     point = on_axis(launch[linked], host.start[launch[linked]])
