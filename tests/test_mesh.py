@@ -447,6 +447,22 @@ def test_flattened_and_hsdp_groups_give_each_dimension_its_own_size(tmp_path: Pa
     assert "not recorded" not in text
 
 
+def test_expert_groups_do_not_multiply_the_dense_dimensions(tmp_path: Path) -> None:
+    """Megatron-Core's 8-rank MoE job, tp 1, ep 4: ``DATA_PARALLEL_GROUP`` holds all 8 ranks and
+    ``EXPERT_DATA_PARALLEL_GROUP`` 2 of them; data parallel is 8 (the expert groups split the expert layers'
+    ranks), not 8 × 2."""
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 8, "ranks": list(range(8))},
+              {"pg_name": "1", "pg_desc": "DATA_PARALLEL_GROUP", "pg_size": 8, "ranks": list(range(8))},
+              {"pg_name": "2", "pg_desc": "EXPERT_MODEL_PARALLEL_GROUP", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+              {"pg_name": "3", "pg_desc": "EXPERT_DATA_PARALLEL_GROUP", "pg_size": 2, "ranks": [1, 5]},
+              {"pg_name": "4", "pg_desc": "EXPERT_TENSOR_PARALLEL_GROUP", "pg_size": 1, "ranks": [1]}]
+    comms = [("allreduce", "1", ALLREDUCE, 6_000, 6_500, 500), ("allreduce", "3", ALLREDUCE, 7_500, 7_600, 100)]
+    report = analyze([mesh_trace(tmp_path, groups, rank=1, comms=comms)])
+    dims = by_dim(report.ranks[0])
+    assert (dims["dp"].size, dims["dp"].coordinate) == (8, 1)
+    assert (dims["ep"].size, dims["ep"].coordinate) == (4, 1)
+
+
 def test_a_batched_send_recv_counts_its_operations_from_the_host(tmp_path: Path) -> None:
     """1F1B's steady state sends an activation and receives a gradient in one batch: one kernel, two
     ``record_param_comms``. The microbatches come from the host calls: stage 0 of 4, four microbatches."""

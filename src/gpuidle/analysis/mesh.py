@@ -60,12 +60,15 @@ def dimension_of_group(desc: str) -> str | None:
 def group_dimensions(desc: str) -> frozenset[str]:
     """Every dimension a group's description names: one for most, two for a flattened group (torchtitan's
     ``mesh_dp_shard_cp``, Megatron-Core's ``DATA_PARALLEL_GROUP_WITH_CP``, ``TENSOR_AND_CONTEXT_PARALLEL_GROUP``),
-    whose size and place are no single dimension's."""
+    whose size and place are no single dimension's. Megatron-Core's expert groups
+    (``EXPERT_DATA_PARALLEL_GROUP``, ``EXPERT_TENSOR_PARALLEL_GROUP``) name ``ep`` beside their own dimension: they
+    split the expert layers' ranks, not the dense layers', so an 8-rank job's ``DATA_PARALLEL_GROUP`` of 8 and
+    ``EXPERT_DATA_PARALLEL_GROUP`` of 2 is data parallel 8, never 16."""
     if desc.startswith("mesh_"):
         words = set(desc[len("mesh_"):].lower().split("_"))
         return frozenset(dim for names, dim in _MESH_WORDS if words & names)
     named = set()
-    if "EXPERT_MODEL" in desc or "EXPERT_TENSOR_AND_MODEL" in desc:
+    if "EXPERT" in desc:  # the expert layers' own mesh (ep × expert tp × expert dp): no dense dimension's size
         named.add("ep")
     for word, dim in (("TENSOR", "tp"), ("DATA", "dp"), ("CONTEXT", "cp"), ("_WITH_CP", "cp"), ("PIPELINE", "pp"),
                       ("EMBEDDING", "pp")):
