@@ -39,3 +39,33 @@ def test_one_step_per_rank_names_no_straggler() -> None:
     assert all(r.primary().idle_by_cause_s["straggler_wait"] == 0.0 for r in report.ranks)
     assert not any("waits least" in n for n in report.job.notes)
     assert "straggler_wait" not in {r.cause for r in report.recommendations}
+
+
+def offered(report: AnalysisReport) -> set[str]:
+    return {r.id for r in report.recommendations}
+
+
+def test_a_recommenders_all_to_all_is_tuned_as_torchrecs() -> None:
+    """TorchRec's embedding all-to-all is never an MoE router's; 57 ``.item()`` a step and data-dependent
+    all-to-all sizes rule out a CUDA-graph capture."""
+    report = report_of("dlrm_8rank_v100")
+    assert all(r.workload is not None and "torchrec" in r.workload.libraries for r in report.ranks)
+    assert "embedding_all_to_all" in offered(report)
+    assert not offered(report) & {"moe_all_to_all_overlap", "cuda_graphs"}
+    declined = {(d.id, d.check.split(" ")[1]) for d in report.declined}
+    assert ("moe_all_to_all_overlap", "mixture-of-experts") in declined
+    assert ("cuda_graphs", "step") in declined
+
+
+def test_an_overlapped_expert_all_to_all_is_not_a_fix() -> None:
+    """DualPipe hides 96 % of DeepEP's all-to-all under compute: nothing left for an overlap fix to take."""
+    report = report_of("deepseek_dualpipe_h800_rank0.json.gz")
+    assert "moe_all_to_all_overlap" not in offered(report)
+    assert any(d.id == "moe_all_to_all_overlap" and "already hidden" in d.check for d in report.declined)
+
+
+def test_pageable_copies_of_microseconds_are_no_fix() -> None:
+    """vLLM's 0.003 ms of pageable copies a 76 ms step: declined, under 1 % of the step."""
+    report = report_of("vllm_v1_gb10_rank0.pt.trace.json.gz")
+    assert "pinned_memory_non_blocking" not in offered(report)
+    assert any(d.id == "pinned_memory_non_blocking" and "1% of the step" in d.check for d in report.declined)

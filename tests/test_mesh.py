@@ -128,10 +128,10 @@ def test_an_all_to_all_is_expert_parallel_only_in_a_mixture_of_experts(tmp_path:
     report = analyze([mesh_trace(tmp_path, None, names=False, comms=comms)])
     (plain,) = report.ranks
     assert by_dim(plain)["unknown"].source.startswith("all-to-all, its group not recorded")
-    (fix,) = [r for r in report.recommendations if r.id == "moe_all_to_all_overlap"]
-    assert fix.gain.step_s_saved is None  # not known to be an expert dispatch: no gain promised
-    assert "not known to be expert dispatch" in (fix.gain.reason or "")
-    assert fix.confidence == "low"
+    # not known to be an expert dispatch: not offered, and --explain says which precondition failed
+    assert "moe_all_to_all_overlap" not in {r.id for r in report.recommendations}
+    (declined,) = [d for d in report.declined if d.id == "moe_all_to_all_overlap"]
+    assert declined.check.startswith("a mixture-of-experts model in the trace")
     moe = tmp_path / "moe"
     moe.mkdir()
     report = analyze([with_op(mesh_trace(moe, None, names=False, comms=comms), "MoELayer.forward")])

@@ -17,15 +17,16 @@ import re
 import msgspec
 import numpy as np
 
-from gpuidle.advice.comm_rules import exposed_all_to_all, exposed_communication
+from gpuidle.advice.comm_rules import embedding_all_to_all, exposed_all_to_all, exposed_communication
 from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, engine_batch, graph_fix
 from gpuidle.advice.hardware import hardware
 from gpuidle.advice.mesh_rules import MESH_RULES
 from gpuidle.advice.precision import mixed_precision, tf32
+from gpuidle.advice.preconditions import offered
 from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _ms, removes, removes_between
 from gpuidle.advice.whatif import Effect, Proposal, excess, modelled, placeholder, rank_state
 from gpuidle.analysis.steps import counted
-from gpuidle.model import Cause, JobReport, RankReport, Recommendation, StepReport
+from gpuidle.model import Cause, Declined, JobReport, RankReport, Recommendation, StepReport
 
 
 def dataloader_workers(x: RuleInput) -> list[Proposal]:
@@ -342,23 +343,25 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
 
 RULES: list[Rule] = [
     dataloader_workers, remove_host_sync, pinned_memory, cuda_graphs, zero_grad_set_to_none, larger_batch, cpu_work,
-    tf32, mixed_precision, cudnn_benchmark, exposed_communication, exposed_all_to_all, explain_unattributed,
+    tf32, mixed_precision, cudnn_benchmark, exposed_communication, exposed_all_to_all, embedding_all_to_all,
+    explain_unattributed,
 ]
 
 
 def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rule] | None = None,
-              include_all: bool = False) -> list[Proposal]:
-    """Every rule's proposals for one rank, on its steady-state step (all steps with ``include_all``):
-    by default :data:`RULES` and the sharded data-parallel rules (``advice.sharded``, built on :class:`RuleInput`)."""
+              include_all: bool = False) -> tuple[list[Proposal], list[Declined]]:
+    """Every rule's proposals for one rank, on its steady-state step (all steps with ``include_all``), those whose
+    preconditions hold (``advice.preconditions``) and those declined with the check that failed: by default
+    :data:`RULES` and the sharded data-parallel rules (``advice.sharded``, built on :class:`RuleInput`)."""
     from gpuidle.advice.sharded import SHARDED_RULES
 
     if not report.steps:
-        return []
+        return [], []
     rules = rules if rules is not None else [*RULES, *SHARDED_RULES, *MESH_RULES]
     x = RuleInput(report, report.primary(), rank_state(report, include_all),
                   len(counted(report.steps, include_all)), accumulation_repeats, include_all)
-    proposals = [p for rule in rules for p in rule(x)]
-    return [*more_steps(x), *(per_step(x, p) for p in proposals), *unsized_causes(x, proposals)]
+    proposals, declined = offered(x, [p for rule in rules for p in rule(x)])
+    return [*more_steps(x), *(per_step(x, p) for p in proposals), *unsized_causes(x, proposals)], declined
 
 
 TRACE_QUALITY = "trace_quality"

@@ -18,6 +18,7 @@ from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.comm import Collectives, split_by_key
 from gpuidle.analysis.hostwork import innermost
 from gpuidle.analysis.idle import DeviceIdle
+from gpuidle.analysis.stack import libraries
 from gpuidle.model import I64, Timeline
 from gpuidle.model.comm_kernels import canonical_op
 from gpuidle.model.mesh import DIMENSIONS, SHAPE, MeshDim
@@ -152,11 +153,6 @@ def collective_dimensions(facts: dict[str, _Group], world: int | None, kinds: li
     return out
 
 
-MOE_NAMES = re.compile(r"moe|expert|router|deepep|topk_softmax|token_dispatch|grouped_?gemm", re.I)
-"""Names a mixture-of-experts model leaves in a trace: Megatron-Core's ``MoELayer``/``TopKRouter``, vLLM's and
-SGLang's ``fused_moe`` kernels, DeepEP, grouped GEMMs."""
-
-
 def _world_is_data_parallel(dims: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """In a job with no dimension but the whole world, the world is data parallel: inferred, with the evidence."""
     return [("dp", f"inferred: {source.removeprefix('inferred: ')}, and no other dimension") if dim == "world"
@@ -165,7 +161,7 @@ def _world_is_data_parallel(dims: list[tuple[str, str]]) -> list[tuple[str, str]
 
 def mixture_of_experts(tl: Timeline) -> bool:
     """The trace names a mixture-of-experts layer, router or kernel anywhere."""
-    return any(MOE_NAMES.search(name) for name in tl.strings)
+    return "moe" in libraries(tl)
 
 
 DimSegments = tuple[I64, I64, I64, np.ndarray]

@@ -219,6 +219,9 @@ class Workload(msgspec.Struct):
     """``eager``, ``compiled`` (torch.compile regions, Triton kernels) or ``cuda_graphs`` (graph launches)."""
     engine: str | None = None
     """A serving engine named in the trace: ``vllm``, ``sglang``."""
+    libraries: list[str] = msgspec.field(default_factory=list)
+    """The libraries the trace's names show: ``torchrec``, ``moe`` (a mixture-of-experts model), ``megatron``,
+    ``deepspeed``."""
 
 
 class PythonHotspot(msgspec.Struct):
@@ -316,6 +319,15 @@ class Recommendation(msgspec.Struct):
     rank: int | None = None
     alternative_to: str | None = None
     """Id of the fix that claims the same idle; this one is another way to recover it, not an addition."""
+
+
+class Declined(msgspec.Struct):
+    """A fix a rule measured but did not offer: one of its preconditions does not hold on this trace."""
+
+    id: str
+    rank: int
+    check: str
+    """The precondition that failed, in words."""
 
 
 class Combined(msgspec.Struct):
@@ -456,6 +468,8 @@ class AnalysisReport(JsonStruct, kw_only=True):
     cost: CostResult | None = None
     """Present when a price per GPU-hour was given."""
     combined: Combined | None = None
+    declined: list[Declined] = msgspec.field(default_factory=list)
+    """The fixes measured but not offered, each with the precondition that failed (``--explain``)."""
     include_warmup: bool = False
     """True: steps marked ``excluded`` still count in per-step figures and gains (``--include-warmup``)."""
 
