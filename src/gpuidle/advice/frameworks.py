@@ -35,7 +35,17 @@ _BATCH = (
     "learning_rate = base_learning_rate * 2   # linear scaling rule (SGD); sqrt scaling for Adam-type\n"
 )
 
+PYTORCH_LIBRARIES = (
+    "embedding_all_to_all", "fsdp_prefetch", "fsdp_forward_prefetch", "fsdp_backward_prefetch",
+    "fsdp_reshard_after_forward", "fsdp_reduce_dtype", "fsdp_hsdp", "fsdp_larger_units", "deepspeed_zero_stage",
+    "deepspeed_stage3_prefetch", "deepspeed_overlap_comm", "deepspeed_reduce_bucket", "deepspeed_allgather_bucket",
+    "pipeline_bubble", "tp_comm_overlap", "cp_comm_overlap",
+)
+"""Fixes in the settings of PyTorch's own libraries (TorchRec, FSDP2, DeepSpeed, ``torch.distributed.pipelining``,
+Megatron-Core): not in this stack for TensorFlow, JAX, Keras or a CUDA program, each said so explicitly."""
+
 TENSORFLOW: dict[str, Wording | None] = {
+    **dict.fromkeys(PYTORCH_LIBRARIES),
     "dataloader_workers": Wording(
         "Feed the GPU from a parallel tf.data pipeline: interleave, parallel map, cache, prefetch",
         "dataset = (\n"
@@ -127,6 +137,7 @@ TENSORFLOW: dict[str, Wording | None] = {
 }
 
 JAX: dict[str, Wording | None] = {
+    **dict.fromkeys(PYTORCH_LIBRARIES),
     "dataloader_workers": Wording(
         "Prepare batches ahead of the step: grain workers and device prefetch",
         "loader = grain.DataLoader(data_source=source, sampler=sampler, operations=transforms,\n"
@@ -293,6 +304,7 @@ def engine_precision(workload: Workload | None, dtype: str) -> str | None:
 
 
 KERAS: dict[str, Wording | None] = {
+    **dict.fromkeys(PYTORCH_LIBRARIES),
     "dataloader_workers": Wording(
         "Prepare batches ahead of the step: a parallel tf.data pipeline, or PyDataset workers",
         "dataset = (dataset                                                 # Keras takes tf.data on every backend\n"
