@@ -400,7 +400,8 @@ PRESENT = 0.005
 def per_step(x: RuleInput, p: Proposal) -> Proposal:
     """``p`` as it is where each cause it removes recurs (:data:`RECUR_SHARE`); else with its gain not estimable and
     the reason: one call in one step, or a window of one step, is no per-step cause. A fix of busy time alone
-    (precision: the GEMMs' fp32 time) is a property of the kernels each step runs, estimable from one step."""
+    (precision: the GEMMs' fp32 time) is a property of the kernels each step runs, estimable from one step; a fix
+    whose idle is an outlier but whose busy part recurs (pageable copies' device time every step) keeps that part."""
     steps = counted(x.report.steps, x.include_all)
     effect = p.effects.get(x.report.rank)
     if effect is None or effect.reason is not None:
@@ -408,6 +409,7 @@ def per_step(x: RuleInput, p: Proposal) -> Proposal:
     if len(steps) < 2 and effect.idle:  # busy time a fix shortens (GEMMs in fp32) is the kernels': in every step
         why = "one step in the window: a per-step gain needs its cause in several steps (profile more steps)"
         return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
+    outliers: dict[str, str] = {}
     for cause, seconds in effect.idle.items():
         if seconds <= 0:
             continue
@@ -416,12 +418,16 @@ def per_step(x: RuleInput, p: Proposal) -> Proposal:
         if present < max(RECUR_STEPS, RECUR_SHARE * len(steps)):
             named = ", ".join(f"step {s.step}: {s.idle_by_cause_s[cause] * 1e3:.2f} ms{_under(s, cause)}"
                               for s in where)
-            why = (f"{cause} is in {present} of {len(steps)} steady steps{f' ({named})' if named else ''}: not a "
-                   "per-step cause (an outlier, named once), so no per-step gain is taken from it")
-        else:
-            continue
-        return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
-    return p
+            outliers[cause] = (f"{cause} is in {present} of {len(steps)} steady steps{f' ({named})' if named else ''}: "
+                               "not a per-step cause (an outlier, named once), so no per-step gain is taken from it")
+    if not outliers:
+        return p
+    kept = {c: v for c, v in effect.idle.items() if c not in outliers}
+    if effect.busy > 0 or any(v > 0 for v in kept.values()):  # the rest of the effect recurs: it keeps its gain
+        p.rec.evidence["not_per_step"] = "; ".join(outliers.values())
+        return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, idle=kept)})
+    why = next(iter(outliers.values()))
+    return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
 
 
 def _under(step: StepReport, cause: str) -> str:
