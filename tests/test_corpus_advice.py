@@ -91,3 +91,14 @@ def test_pageable_copies_every_step_keep_their_gain() -> None:
     assert pinned.evidence["pageable_copy_ms_per_step"] == pytest.approx(20.2, abs=0.5)
     assert pinned.gain.step_s_saved_low == pytest.approx(0.0202 / 3, rel=0.1)
     assert pinned.gain.step_s_saved_high == pytest.approx(0.0202 / 2, rel=0.1)
+
+
+def test_a_compute_light_step_gets_a_larger_batch_first() -> None:
+    """DLRM computes 6-9 % of its step: a larger per-GPU batch is the first fix (its fixed costs per sample halve),
+    before the host-work fixes it overlaps; the measuring advice above it is the trace's, not a fix."""
+    report = report_of("dlrm_8rank_v100")
+    fixes = [r for r in report.recommendations if r.id != "record_more_steps"]
+    assert fixes[0].id == "larger_batch"
+    assert fixes[0].confidence == "medium"
+    assert fixes[0].title.startswith("The GPU computes ")
+    assert fixes[0].evidence["compute_share_of_step"] < 0.1

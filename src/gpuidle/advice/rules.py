@@ -187,10 +187,25 @@ def zero_grad_set_to_none(x: RuleInput) -> list[Proposal]:
     )]
 
 
+COMPUTE_LIGHT = 0.2
+"""A step whose GPU computes under this share of it is compute-light: its fixed costs per step (launches, host
+work, syncs) outweigh its compute, and a larger batch spreads them over more samples before any other fix."""
+
+
+BATCH = (0.25, 0.5)
+"""A larger batch's share of the launch and host idle it removes per sample where kernels are short."""
+BATCH_LIGHT = (0.4, 0.5)
+"""The same where the step is compute-light: its fixed costs per step halve per sample with twice the batch; host
+work that grows with the batch leaves less."""
+
+
 def larger_batch(x: RuleInput) -> list[Proposal]:
     k = x.report.kernels
+    fixed = (Cause.LAUNCH_OVERHEAD, Cause.CPU_COMPUTE, Cause.HOST_SYNC)
     starved = x.share(Cause.LAUNCH_OVERHEAD) + x.share(Cause.CPU_COMPUTE)
-    if k.short_kernel_share < 0.5 or starved < 0.2:
+    busy = x.state.busy_s / x.state.step_s if x.state.step_s else 1.0
+    light = busy < COMPUTE_LIGHT and sum(x.share(c) for c in fixed) >= 0.2
+    if not light and (k.short_kernel_share < 0.5 or starved < 0.2):
         return []
     engine = engine_batch(x.report.workload)
     if engine is not None:
@@ -206,13 +221,19 @@ def larger_batch(x: RuleInput) -> list[Proposal]:
                "# linear scaling rule (SGD); sqrt scaling for Adam-type\n"
                "# out of memory? keep the per-GPU batch and accumulate k micro-batches per optimizer step\n"
                "# (under model.no_sync() for all but the last one with DDP)")
+    if light and engine is None:
+        title = title.replace("Tiny kernels starve the GPU", f"The GPU computes {busy:.0%} of the step")
+    claimed = fixed if light else fixed[:2]
     return [x.rec(
         "larger_batch", Cause.LAUNCH_OVERHEAD, title,
         {"short_kernel_share": round(k.short_kernel_share, 3), "launch_plus_cpu_share": round(starved, 3),
-         "assumption": "2x batch: host time per sample falls by a quarter to a half, and so does this idle"},
-        fix,
-        removes_between(0.25, 0.5, {Cause.LAUNCH_OVERHEAD: x.idle(Cause.LAUNCH_OVERHEAD),
-                                    Cause.CPU_COMPUTE: x.idle(Cause.CPU_COMPUTE)}), confidence="low",
+         "compute_share_of_step": round(busy, 3),
+         "assumption": (f"the GPU computes {busy:.0%} of the step: 2x batch halves the step's fixed costs per sample "
+                        "(launches, syncs, host work), 40-50 % of their idle (host work that grows with the batch "
+                        "leaves less)") if light else
+                       "2x batch: host time per sample falls by a quarter to a half, and so does this idle"},
+        fix, removes_between(*(BATCH_LIGHT if light else BATCH), {c: x.idle(c) for c in claimed}),
+        confidence="medium" if light else "low",
     )]
 
 
