@@ -10,11 +10,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def shared() -> Path:
+def _found() -> Path | None:
     for parent in (ROOT.parent, ROOT.parent.parent):
         if (parent / "shared" / "corpus").is_dir():
             return parent / "shared"
-    pytest.skip("../shared/corpus absent")
+    return None
+
+
+def shared() -> Path:
+    return _found() or pytest.skip("../shared/corpus absent")
+
+
+def every_input() -> list[Path]:
+    """Every trace and folder of ranks held (none where they are absent): the corpus's files and folders, the
+    traces' files and their formats' folders' files."""
+    root = _found()
+    if root is None:
+        return []
+    corpus, traces = root / "corpus", root / "traces"
+    return [*sorted(corpus.glob("*.gz")), *sorted(p for p in corpus.iterdir() if p.is_dir()),
+            *sorted(traces.glob("*.gz")), *sorted(p for p in traces.glob("*/*") if p.is_file())]
 
 
 def corpus(name: str) -> Path:

@@ -294,6 +294,31 @@ ENGINE_PRECISION: dict[str, str] = {
 device's matrix units take)."""
 
 
+ENGINE_PROFILE: dict[str, str] = {
+    "vllm": (
+        "# vLLM's iterations are the steps: profile several of them with the engine's own profiler\n"
+        "VLLM_TORCH_PROFILER_DIR=./traces vllm serve MODEL   # then POST /start_profile, requests, POST /stop_profile\n"
+        "# offline: llm.start_profile(); llm.generate(prompts); llm.stop_profile()"),
+    "sglang": (
+        "# SGLang's iterations are the steps: profile several of them with the engine's own profiler\n"
+        "SGLANG_TORCH_PROFILER_DIR=./traces python -m sglang.launch_server --model-path MODEL\n"
+        "# then POST /start_profile, send requests, POST /stop_profile"),
+}
+"""How to record several steps of a serving engine: its own profiler, around its iterations."""
+SERVING_LOOP = ("    for batch in loader:\n        train_step(batch)\n",
+                "    for batch in requests:\n        model(batch)\n")
+"""A profiler schedule's loop as a training step writes it, and as an inference program does."""
+
+
+def profile_loop(workload: Workload | None, fix: str) -> str:
+    """A profiler recipe in the program's idiom: an engine's own profiler, an inference loop, or the training loop."""
+    if workload is not None and workload.engine in ENGINE_PROFILE:
+        return ENGINE_PROFILE[workload.engine]
+    if workload is not None and workload.mode == "inference":
+        return fix.replace(*SERVING_LOOP)
+    return fix
+
+
 def engine_batch(workload: Workload | None) -> tuple[str, str] | None:
     return ENGINE_BATCH.get(workload.engine) if workload is not None and workload.engine else None
 

@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.advice.comm_rules import embedding_all_to_all, exposed_all_to_all, exposed_communication
-from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, engine_batch, graph_fix
+from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, engine_batch, graph_fix, profile_loop
 from gpuidle.advice.hardware import hardware
 from gpuidle.advice.mesh_rules import MESH_RULES
 from gpuidle.advice.precision import mixed_precision, tf32
@@ -350,9 +350,7 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
             fix = fix.replace("    with_stack=True,           # Python stacks of the operators: where the host "
                               "time goes\n", "")
             missing.append(f"{ev['python_functions']} Python frames recorded (with_stack is on)")
-        if x.inference:
-            fix = fix.replace("    for batch in loader:\n        train_step(batch)\n",
-                              "    for batch in requests:\n        model(batch)\n")
+        fix = profile_loop(x.report.workload, fix)
     return [x.rec(
         "record_cpu_activity", Cause.UNATTRIBUTED, UNEXPLAINED_BY_TRACKER if ev is None else
         "The trace cannot explain most of the idle time: record host activity with it",
@@ -397,13 +395,14 @@ def more_steps(x: RuleInput) -> list[Proposal]:
         "record_more_steps", TRACE_QUALITY,
         "One step in the window: profile several steps before acting on a per-step gain",
         {"steps_in_window": len(x.report.steps), "step_source": x.report.step_source},
-        "with torch.profiler.profile(\n"
-        "    schedule=torch.profiler.schedule(wait=1, warmup=2, active=5),   # five steady steps\n"
-        "    on_trace_ready=torch.profiler.tensorboard_trace_handler(\"./traces\"),\n"
-        ") as prof:\n"
-        "    for batch in loader:\n"
-        "        train_step(batch)\n"
-        "        prof.step()                  # marks each step: ProfilerStep#N",
+        profile_loop(x.report.workload,
+                     "with torch.profiler.profile(\n"
+                     "    schedule=torch.profiler.schedule(wait=1, warmup=2, active=5),   # five steady steps\n"
+                     "    on_trace_ready=torch.profiler.tensorboard_trace_handler(\"./traces\"),\n"
+                     ") as prof:\n"
+                     "    for batch in loader:\n"
+                     "        train_step(batch)\n"
+                     "        prof.step()                  # marks each step: ProfilerStep#N"),
         Effect(reason="a recording advice: it saves nothing itself"), confidence="high",
     )]
 
