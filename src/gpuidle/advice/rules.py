@@ -12,6 +12,7 @@ modules (framework-specific texts) key on them.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import msgspec
@@ -171,19 +172,28 @@ def cuda_graphs(x: RuleInput) -> list[Proposal]:
                   confidence="medium" if known else "low")]
 
 
+def _zero_grad_idle(step: StepReport, cause: str) -> float:
+    return step.zero_grad_s.get(cause, 0.0)
+
+
 def zero_grad_set_to_none(x: RuleInput) -> list[Proposal]:
     """Per-parameter fills launched by ``zero_grad()``: one kernel per parameter, gone with ``set_to_none``."""
-    zero_grad = x.mean_step(lambda s: s.zero_grad_launch_s)
+    causes = {c for s in x.report.steps for c in s.zero_grad_s} or {Cause.LAUNCH_OVERHEAD.value}
+    by_cause = {c: x.mean_step(functools.partial(_zero_grad_idle, cause=c)) for c in sorted(causes)}
+    if not by_cause.get(Cause.LAUNCH_OVERHEAD.value):  # a report without the split (older): its launches alone
+        by_cause[Cause.LAUNCH_OVERHEAD.value] = x.mean_step(lambda s: s.zero_grad_launch_s)
+    zero_grad = sum(by_cause.values())
     if not x.state.step_s or zero_grad / x.state.step_s < MIN_SHARE:
         return []
     return [x.rec(
         "zero_grad_set_to_none", Cause.LAUNCH_OVERHEAD,
         "zero_grad() launches a fill per parameter: set gradients to None instead",
-        {"zero_grad_launch_ms_per_step": _ms(zero_grad),
+        {"zero_grad_idle_ms_per_step": _ms(zero_grad),
+         "zero_grad_idle_by_cause_ms": {c: _ms(v) for c, v in by_cause.items() if v},
          "launch_overhead_ms_per_step": _ms(x.idle(Cause.LAUNCH_OVERHEAD))},
         "optimizer.zero_grad(set_to_none=True)   # the default since PyTorch 2.0; no kernel per parameter\n"
         "# a loop of p.grad.zero_() or model.zero_grad(set_to_none=False) does the same per-parameter fills",
-        Effect(idle={Cause.LAUNCH_OVERHEAD.value: zero_grad}, part="zero_grad"),
+        Effect(idle={c: v for c, v in by_cause.items() if v}, part="zero_grad"),
     )]
 
 

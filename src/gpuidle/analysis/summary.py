@@ -103,7 +103,9 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
             busy_s=_s(primary.step_busy[i]), idle_s=_s(primary.step_idle[i].sum()),
             idle_by_cause_s={c.value: _s(primary.step_idle[i, j]) for j, c in enumerate(CAUSES)},
             excluded=excluded[i], startup_s=_s(primary.step_startup[i]), exposed_comm_s=by_collective[i],
-            zero_grad_launch_s=_s(primary.step_zero_grad[i]), main_calls=calls[i],
+            zero_grad_launch_s=_s(primary.step_zero_grad[i, CAUSE_INDEX[Cause.LAUNCH_OVERHEAD]]),
+            zero_grad_s={CAUSES[c].value: _s(ns) for c, ns in enumerate(primary.step_zero_grad[i].tolist()) if ns},
+            main_calls=calls[i],
             comm_by_dim_s=by_dim[i],
         )
         for i in range(bounds.size - 1)

@@ -94,6 +94,9 @@ class StepReport(msgspec.Struct):
     ``all_to_all:int8``; ``unknown`` where the trace does not say)."""
     zero_grad_launch_s: float = 0.0
     """The part of ``launch_overhead`` under an ``Optimizer.zero_grad`` range (per-parameter fills)."""
+    zero_grad_s: dict[str, float] = {}
+    """The idle under an ``Optimizer.zero_grad`` range by cause: the fills' launches (``launch_overhead``, as
+    ``zero_grad_launch_s``), the host's loop over the parameters (``cpu_compute``, ``unattributed``)."""
     comm_by_dim_s: dict[str, float] = {}
     """The step's ``communication`` idle by parallel dimension (``tp``, ``dp``...: ``CommReport.mesh``)."""
     main_calls: dict[str, StepCall] = {}

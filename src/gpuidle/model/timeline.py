@@ -34,7 +34,7 @@ all-reduces, once read as DDP; 7: ``communication.settings``, the framework's se
 8: ``devices[].window_s`` is the window less its start-up, ``busy_s + idle_s = window_s``: a report of an
 earlier minor is read so; 9: ``ranks[].sync_sources``, step sources ``device_steps``, ``engine_iterations``,
 ``named_ranges``; 10: ``steps[].main_calls``, ``communication.mesh``, ``steps[].comm_by_dim_s``; 11: ``declined``,
-``ranks[].workload.libraries``)."""
+``steps[].zero_grad_s``, ``ranks[].workload.libraries``)."""
 WINDOW_LESS_STARTUP = 8
 """The minor from which ``devices[].window_s`` leaves start-up out."""
 
