@@ -23,7 +23,7 @@ from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, engine_batch, grap
 from gpuidle.advice.hardware import hardware
 from gpuidle.advice.mesh_rules import MESH_RULES
 from gpuidle.advice.precision import mixed_precision, tf32
-from gpuidle.advice.preconditions import offered
+from gpuidle.advice.preconditions import NO_READBACK, offered
 from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _ms, removes, removes_between
 from gpuidle.advice.whatif import Effect, Proposal, excess, modelled, placeholder, rank_state
 from gpuidle.analysis.steps import counted
@@ -270,16 +270,28 @@ def cpu_work(x: RuleInput) -> list[Proposal]:
 
 def _host_work_fix(x: RuleInput, evidence: dict[str, object]) -> str:
     """What to do about host work between launches, by what the trace says it is: the model's own forward pass
-    (replay it as a graph: there is nothing to move), a compiled model's wrapper, or work around the model."""
+    (its Python, or its operators' own host time: replay it as a graph, or compile it where the step reads values
+    back; there is nothing to move), a compiled model's wrapper, or work around the model."""
     workload = x.report.workload
     hotspots = x.report.python_hotspots
     in_model = sum(h.idle_s for h in hotspots if MODEL_CODE.search(h.function))
+    operators = sorted({c.name for s in counted(x.report.steps, x.include_all)
+                        for cause, c in s.main_calls.items() if cause == Cause.CPU_COMPUTE.value
+                        and c.name.startswith("aten::")})
     if hotspots and in_model >= MODEL_CODE_SHARE * sum(h.idle_s for h in hotspots):
         evidence["python_in_model_forward_share"] = round(in_model / sum(h.idle_s for h in hotspots), 3)
-        graphs = graph_fix(workload)
-        if graphs is not None:
-            return "# the Python under the idle is the model's own forward: replay it as a CUDA graph\n" + \
-                graphs[1] + "\n"
+        said = "# the Python under the idle is the model's own forward: "
+    elif operators:
+        evidence["model_operators_at_idle"] = operators
+        said = f"# the host time is inside the model's own operators ({', '.join(operators[:3])}): "
+    else:
+        said = ""
+    graphs = graph_fix(workload)
+    if said and graphs is not None and NO_READBACK.holds(x):
+        return said + "replay it as a CUDA graph\n" + graphs[1] + "\n"
+    if said and (workload is None or workload.engine is None):
+        return (said + "compile it (its .item() reads rule out a CUDA graph: remove them first)\n"
+                "model = torch.compile(model)   # fuses the operators, fewer launches and less dispatch\n")
     if workload is not None and workload.execution == "compiled" and workload.engine is None:
         return ("# the model is compiled: the host time left is its wrapper's Python between launches (guards,\n"
                 "# size checks); replaying CUDA graphs skips it\n"
