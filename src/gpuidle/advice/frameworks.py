@@ -39,10 +39,11 @@ PYTORCH_LIBRARIES = (
     "embedding_all_to_all", "fsdp_prefetch", "fsdp_forward_prefetch", "fsdp_backward_prefetch",
     "fsdp_reshard_after_forward", "fsdp_reduce_dtype", "fsdp_hsdp", "fsdp_larger_units", "deepspeed_zero_stage",
     "deepspeed_stage3_prefetch", "deepspeed_overlap_comm", "deepspeed_reduce_bucket", "deepspeed_allgather_bucket",
-    "pipeline_bubble", "tp_comm_overlap", "cp_comm_overlap",
+    "pipeline_bubble", "tp_comm_overlap", "cp_comm_overlap", "recast_kernels",
 )
 """Fixes in the settings of PyTorch's own libraries (TorchRec, FSDP2, DeepSpeed, ``torch.distributed.pipelining``,
-Megatron-Core): not in this stack for TensorFlow, JAX, Keras or a CUDA program, each said so explicitly."""
+Megatron-Core) and of its autocast's casts: not in this stack for TensorFlow, JAX, Keras or a CUDA program, each
+said so explicitly."""
 
 TENSORFLOW: dict[str, Wording | None] = {
     **dict.fromkeys(PYTORCH_LIBRARIES),

@@ -22,7 +22,7 @@ from gpuidle.advice.comm_rules import embedding_all_to_all, exposed_all_to_all, 
 from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, engine_batch, graph_fix, profile_loop
 from gpuidle.advice.hardware import hardware
 from gpuidle.advice.mesh_rules import MESH_RULES
-from gpuidle.advice.precision import mixed_precision, tf32
+from gpuidle.advice.precision import mixed_precision, recast_kernels, tf32
 from gpuidle.advice.preconditions import NO_READBACK, offered
 from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _ms, removes, removes_between
 from gpuidle.advice.whatif import Effect, Proposal, excess, modelled, placeholder, rank_state
@@ -384,8 +384,8 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
 
 RULES: list[Rule] = [
     dataloader_workers, remove_host_sync, pinned_memory, cuda_graphs, zero_grad_set_to_none, larger_batch, cpu_work,
-    tf32, mixed_precision, cudnn_benchmark, exposed_communication, exposed_all_to_all, embedding_all_to_all,
-    explain_unattributed,
+    tf32, mixed_precision, recast_kernels, cudnn_benchmark, exposed_communication, exposed_all_to_all,
+    embedding_all_to_all, explain_unattributed,
 ]
 
 

@@ -66,7 +66,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     window = step_window(tl, names, launchers)
     startup = find_startup(tl, names, window, launchers)
     idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges())
-    kernels = kernel_facts(tl, names, window)
+    kernels = kernel_facts(tl, names, window, launchers)
     coll = find_collectives(tl, window, launchers)
     primary = max(idle, key=lambda d: (d.busy_ns, -d.device))
     communication = comm_report(tl, window, idle, coll)

@@ -133,6 +133,11 @@ class KernelFacts(msgspec.Struct):
     what pinning that memory can shorten."""
     pageable_copy_gbps: float | None = None
     """Those copies' bandwidth, their bytes over their device time (GB/s); None where no bytes are recorded."""
+    cast_kernel_count: int = 0
+    """Kernels launched inside a dtype-converting operator (``aten::_to_copy``, ``aten::to``): casts, autocast's
+    re-casts of the same fp32 weights at every use among them."""
+    cast_kernel_s: float = 0.0
+    """Their device time in the window."""
 
 
 class CollectiveStat(msgspec.Struct):
