@@ -29,6 +29,8 @@ def _check(report: AnalysisReport) -> list[str]:
     by_rank = {r.rank: r for r in report.ranks}
     wrong = []
     for rec in report.recommendations:
+        if rec.id in REQUIRES and rec.evidence.get("preconditions") != [c.says for c in REQUIRES[rec.id]]:
+            wrong.append(f"{rec.id}: its preconditions not in its evidence")
         ranks = [by_rank[rec.rank]] if rec.rank in by_rank else report.ranks
         libs = set().union(*(_libraries(r) for r in ranks))
         dims = {m.dim for r in ranks for m in r.communication.mesh}

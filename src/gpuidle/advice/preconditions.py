@@ -90,7 +90,8 @@ def _share(x: RuleInput, p: Proposal) -> float | None:
 
 
 def offered(x: RuleInput, proposals: list[Proposal]) -> tuple[list[Proposal], list[Declined]]:
-    """The proposals whose preconditions hold on this rank, and the rest with the check that failed."""
+    """The proposals whose preconditions hold on this rank (each saying them in its evidence), and the rest with
+    the check that failed."""
     kept: list[Proposal] = []
     declined: list[Declined] = []
     for p in proposals:
@@ -99,6 +100,8 @@ def offered(x: RuleInput, proposals: list[Proposal]) -> tuple[list[Proposal], li
         if failed is None and share is not None and 0 < share < MIN_STEP_SHARE:
             failed = f"its effect at least {MIN_STEP_SHARE:.0%} of the step (here {share:.2%})"
         if failed is None:
+            if REQUIRES.get(p.rec.id):  # what held, in the evidence beside the numbers
+                p.rec.evidence["preconditions"] = [c.says for c in REQUIRES[p.rec.id]]
             kept.append(p)
         else:
             declined.append(Declined(id=p.rec.id, rank=x.report.rank, check=failed))
