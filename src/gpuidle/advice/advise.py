@@ -16,6 +16,8 @@ from gpuidle.model import Combined, Declined, Gain, JobReport, RankReport, Recom
 
 FIRST = "record_more_steps"
 """How to measure what is missing comes before the fixes it would size."""
+MEASURED_BY = {"host_activity": "record_cpu_activity"}
+"""Unmeasured causes whose rule already says how to measure them (a trace of device events alone)."""
 
 
 class Advice(msgspec.Struct, frozen=True):
@@ -48,7 +50,9 @@ def advise(reports: Sequence[RankReport], job: JobReport | None, framework: str 
     recs, combined = plan(in_framework(proposals, framework), reports, include_all, job)
     recs = sorted(recs, key=lambda x: x.id != FIRST and not (x.id == "record_cpu_activity"
                                                              and any(r.unmeasured for r in reports)))
-    return Advice([*measure_first(reports), *recs], combined, declined)
+    offered = {x.id for x in recs}
+    first = [m for m in measure_first(reports) if MEASURED_BY.get(str(m.evidence["not_measured"])) not in offered]
+    return Advice([*first, *recs], combined, declined)
 
 
 MEASURE = {
