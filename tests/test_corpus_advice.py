@@ -112,3 +112,21 @@ def test_zero_grad_is_credited_with_all_the_idle_inside_it() -> None:
     assert fix.evidence["zero_grad_idle_ms_per_step"] == pytest.approx(1.76, abs=0.05)
     assert fix.evidence["zero_grad_idle_by_cause_ms"]["launch_overhead"] == pytest.approx(1.25, abs=0.05)
     assert fix.gain.step_s_saved == pytest.approx(0.00176, abs=0.00005)
+
+
+@pytest.mark.parametrize("name", ["resnet_2080ti.json.gz", "switch_moe_a100_cold.json.gz"])
+def test_the_annotated_timeline_labels_only_the_reports_causes(name: str) -> None:
+    """Start-up (ResNet's 1.87 s, the cold forward's 138 ms of context and module loading) is in no cause in the
+    report, and the timeline the annotated trace and the HTML draw labels none of it: its idle by cause is the
+    report's."""
+    from gpuidle.api import timeline_for
+    from gpuidle.model import CAUSES
+
+    report = report_of(name)
+    (device,) = timeline_for(report).devices
+    drawn: dict[str, float] = {}
+    for s, e, c in zip(device.seg_start.tolist(), device.seg_end.tolist(), device.seg_cause.tolist(), strict=True):
+        drawn[CAUSES[c].value] = drawn.get(CAUSES[c].value, 0.0) + (e - s) / 1e9
+    said = {k: v for k, v in report.ranks[0].primary().idle_by_cause_s.items() if v}
+    assert drawn == pytest.approx(said, abs=1e-6)
+    assert report.ranks[0].primary().startup_s > 0.1

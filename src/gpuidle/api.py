@@ -22,6 +22,7 @@ from gpuidle.analysis.intervals import Intervals
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.ranks import enough_steps, match_collectives, waiting_intervals
+from gpuidle.analysis.startup import find_startup
 from gpuidle.analysis.steps import step_window
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.errors import GpuidleError, InputNotFound
@@ -31,6 +32,7 @@ from gpuidle.jobs.merge import merge_job
 from gpuidle.jobs.plan import plan_inputs
 from gpuidle.jobs.rank import RankOutcome
 from gpuidle.model import (
+    CAUSES,
     AnalysisReport,
     Comparison,
     DeviceTimeline,
@@ -277,7 +279,8 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
                   straggler: dict[int, Intervals] | None = None, rank: int | None = None) -> IdleTimeline:
     """Re-read one trace and return every device's idle intervals with their causes.
 
-    The window, steps and causes are those of :func:`analyze`. ``straggler`` (per device,
+    The window, steps and causes are those of :func:`analyze`; idle under one-time start-up (context creation,
+    module loading, allocator growth) is in no cause there, and is left out here. ``straggler`` (per device,
     the intervals spent waiting for a slower rank, from the job's other ranks) turns that
     waiting into ``straggler_wait`` as in the job report; without it, it stays
     ``communication``. ``rank`` picks one rank of a file that holds several (an Nsight
@@ -288,9 +291,12 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
     launchers = launcher_rows(tl)
     window = step_window(tl, names, launchers)
     bounds = window.bounds
+    startup = find_startup(tl, names, window, launchers).ranges()
     devices = []
-    for d in attribute_idle(tl, names, window, launchers, straggler):
+    for d in attribute_idle(tl, names, window, launchers, straggler, startup=startup):
         seg_s, seg_e, cause = d.segments
+        per_step = cause < len(CAUSES)  # start-up is in no cause, as in the report: not drawn as one
+        seg_s, seg_e, cause = seg_s[per_step], seg_e[per_step], cause[per_step]
         step_index = np.clip(np.searchsorted(bounds, seg_s, side="right") - 1, 0, bounds.size - 2)
         edges, busy, idle = slice_shares(d.window, (seg_s, seg_e, cause.astype(np.int64)), bins)
         devices.append(DeviceTimeline(
