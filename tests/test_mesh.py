@@ -447,6 +447,24 @@ def test_flattened_and_hsdp_groups_give_each_dimension_its_own_size(tmp_path: Pa
     assert "not recorded" not in text
 
 
+def test_no_data_parallel_fix_in_a_tensor_parallel_job(tmp_path: Path) -> None:
+    """A training job of tensor parallelism alone (its all-reduces on ``mesh_tp``, nine a step, fp32): however
+    its all-reduces read, no DDP fix (buckets, compression, more work per all-reduce) is offered, and
+    ``--explain`` says the data-parallel dimension is missing."""
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
+              {"pg_name": "1", "pg_desc": "mesh_tp", "pg_size": 2, "ranks": [0, 1]}]
+    comms = [("allreduce", "1", ALLREDUCE.replace("bf16", "f32"), 1000 + i * 1000, 1400 + i * 1000, 400)
+             for i in range(9)]
+    trace = with_op(mesh_trace(tmp_path, groups, rank=0, world=2, comms=comms, compute=[(10, 900)], steps=5),
+                    "autograd::engine::evaluate_function: MmBackward0")
+    report = analyze([trace])
+    assert [m.dim for m in report.ranks[0].communication.mesh] == ["tp"]
+    offered = {r.id for r in report.recommendations}
+    assert "tp_comm_overlap" in offered
+    assert not offered & {"ddp_bucket_cap", "ddp_no_sync", "comm_compression", "comm_bound_batch"}
+    assert any(d.id == "comm_bound_batch" and "data-parallel dimension" in d.check for d in report.declined)
+
+
 def test_expert_groups_do_not_multiply_the_dense_dimensions(tmp_path: Path) -> None:
     """Megatron-Core's 8-rank MoE job, tp 1, ep 4: ``DATA_PARALLEL_GROUP`` holds all 8 ranks and
     ``EXPERT_DATA_PARALLEL_GROUP`` 2 of them; data parallel is 8 (the expert groups split the expert layers'
