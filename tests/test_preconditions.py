@@ -38,7 +38,8 @@ def _check(report: AnalysisReport) -> list[str]:
             wrong.append(f"{rec.id} without a mixture of experts (libraries {sorted(libs)}, mesh {sorted(dims)})")
         if rec.id == "embedding_all_to_all" and "torchrec" not in libs:
             wrong.append(f"{rec.id} without TorchRec")
-        if rec.id.startswith("ddp_") and any(r.communication.parallelism != "ddp" for r in ranks):
+        ddp_fix = rec.id.startswith("ddp_") or rec.id == "comm_compression"
+        if ddp_fix and any(r.communication.parallelism != "ddp" for r in ranks):
             wrong.append(f"{rec.id} without DDP's gradient all-reduce")
         if rec.id == "cuda_graphs" and any(r.kernels.item_calls_per_step > 2 for r in ranks):
             wrong.append(f"{rec.id} with .item() reads in the step")

@@ -72,6 +72,7 @@ REQUIRES: dict[str, tuple[Check, ...]] = {
     "ddp_bucket_cap": (DATA_PARALLEL,),
     "ddp_no_sync": (DATA_PARALLEL,),
     "comm_bound_batch": (DATA_PARALLEL,),
+    "comm_compression": (DATA_PARALLEL,),
 }
 """Per rule id, the checks beyond its own threshold; a rule absent here needs only :data:`MIN_STEP_SHARE`."""
 
