@@ -63,3 +63,18 @@ def test_no_fix_is_offered_where_it_does_not_fit(path: Path) -> None:
     except GpuidleError:
         pytest.skip("not a GPU trace gpuidle reads")
     assert _check(report) == []
+
+
+def test_explain_lists_each_fix_not_offered_with_its_failed_check(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """An exposed all-to-all in a trace that names no mixture of experts: ``--explain`` says the MoE fix was not
+    offered, and why; without ``--explain`` nothing is said."""
+    from gpuidle.cli import main
+    from test_mesh import ALLTOALL, mesh_trace
+
+    trace = mesh_trace(tmp_path, None, names=False, comms=[("all_to_all", "", ALLTOALL, 3_000, 3_800, 800)])
+    assert main(["analyze", str(trace), "--no-ledger", "--explain"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("not offered: moe_all_to_all_overlap (rank 1): needs a mixture-of-experts model in the trace") in out
+    assert main(["analyze", str(trace), "--no-ledger"]) == 0
+    assert "not offered" not in capsys.readouterr().out
