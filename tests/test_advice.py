@@ -159,7 +159,7 @@ def test_a_cause_no_rule_claims_is_said_with_its_share() -> None:
 
     report = analyze([Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"])
     (rank,) = report.ranks
-    said = {p.rec.cause: p.rec for p in recommend(rank, rules=[])}
+    said = {p.rec.cause: p.rec for p in recommend(rank, rules=[])[0]}
     steady = [s for s in rank.steps if s.excluded is None]
     step = sum(s.dur_s for s in steady) / len(steady)
     for c in CAUSES:

@@ -20,6 +20,7 @@ from gpuidle import api
 from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
+from gpuidle.analysis.startup import find_startup
 from gpuidle.analysis.steps import step_window
 from gpuidle.cli import main
 from gpuidle.errors import GpuidleError
@@ -45,16 +46,21 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def expected_segments(path: Path) -> dict[int, list[tuple[str, int, int, int]]]:
-    """``(cause, start ns, end ns, step)`` per device, straight from ``attribute_idle``, in trace time."""
+    """``(cause, start ns, end ns, step)`` per device, straight from ``attribute_idle``, in trace time; idle under
+    start-up is in no cause, as in the report, and is not drawn."""
     tl = kineto.read(str(path))
     names = NameClasses.of(tl.strings)
     window = step_window(tl, names)
     bounds = window.bounds
+    launchers = launcher_rows(tl)
+    startup = find_startup(tl, names, window, launchers).ranges()
     out: dict[int, list[tuple[str, int, int, int]]] = {}
-    for d in attribute_idle(tl, names, window, launcher_rows(tl)):
+    for d in attribute_idle(tl, names, window, launchers, startup=startup):
         s, e, c = d.segments
         rows = []
         for a, b, k in zip(s.tolist(), e.tolist(), c.tolist(), strict=True):
+            if k >= len(CAUSES):
+                continue
             i = max(0, min(sum(1 for x in bounds.tolist() if x <= a) - 1, bounds.size - 2))
             rows.append((CAUSES[k].value, tl.meta.t0_ns + a, tl.meta.t0_ns + b, int(window.steps.number[i])))
         out[d.device] = rows

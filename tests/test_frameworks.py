@@ -9,21 +9,30 @@ from pathlib import Path
 
 import pytest
 
-from gpuidle.advice import comm_rules, frameworks, precision, rules
+from gpuidle.advice import cuda, frameworks, precision, rules
 from gpuidle.advice.whatif import Effect, Proposal, placeholder
 from gpuidle.model import Recommendation
 
 
 def _rule_ids() -> set[str]:
-    source = "".join(Path(m.__file__).read_text() for m in (rules, comm_rules, precision))
-    return set(re.findall(r'x\.rec\(\s*"(\w+)"', source))
+    """Every rule id the advice modules fire, whichever module a rule lives in: ``x.rec("id", ...)``, and the ids
+    of the rule made per mesh dimension (``tp_comm_overlap``, ``cp_comm_overlap``)."""
+    source = "".join(p.read_text() for p in sorted(Path(rules.__file__).parent.glob("*.py")))
+    return set(re.findall(r'x\.rec\(\s*"(\w+)"', source)) | set(re.findall(r'"(\w+_comm_overlap)"', source))
 
 
 @pytest.mark.parametrize("framework", sorted(frameworks.WORDINGS))
 def test_every_rule_has_a_wording(framework: str) -> None:
+    """Each rule says its fix in the framework's API, or ``None``: not in this stack (never PyTorch's text)."""
     ids = _rule_ids()
-    assert len(ids) >= 10
+    assert len(ids) >= 34
     assert set(frameworks.WORDINGS[framework]) == ids
+
+
+def test_every_rule_has_a_cuda_wording_or_is_pytorchs() -> None:
+    """For a CUDA program each rule is worded in CUDA's API or is left out as PyTorch's; none keeps PyTorch's text."""
+    ids = _rule_ids()
+    assert ids - set(cuda.CUDA_FIXES) - cuda.PYTORCH_ONLY == set()
 
 
 def test_in_framework_rewrites_and_drops() -> None:

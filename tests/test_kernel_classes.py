@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuidle.analysis.comm import canonical_collective
 from gpuidle.analysis.names import NameClasses
 from gpuidle.api import analyze
-from gpuidle.sources.kineto import is_collective_kernel
 from minitrace import Trace
 
 GEMM, CONV, OTHER = "gemm", "conv", "other"
@@ -84,41 +82,6 @@ def test_kernel_class_of_a_real_name(name: str, kind: str, precision: str | None
     assert got == kind
     if precision is not None:
         assert (MATRIX if c.reduced_precision[0] else SIMT) == precision
-
-
-COMMUNICATION = [
-    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "all_reduce"),
-    ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "all_gather"),
-    ("rcclGenericKernel<1, false>(ncclDevComm*, unsigned long, ncclWork*)", None),
-    ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*, ...)", "all_to_all"),
-    ("void deep_ep::internode_ll::combine<false, 7168>(void*, void*, int*, ...)", "all_to_all"),
-    ("void pplx::dispatchKernel<unsigned int>(...)", "all_to_all"),
-    ("void nvshmemi_transfer_rma_kernel<nvshmemi_op_t>(...)", None),
-    ("void mscclpp::allreduce6<__nv_bfloat16>(...)", "all_reduce"),
-    ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, ...)", "all_reduce"),
-    ("void c10d::symmetric_memory::one_shot_all_reduce_kernel<float, 8>(...)", "all_reduce"),
-    ("void c10d::symmetric_memory::multimem_all_reduce_kernel<__nv_bfloat16, 8>(...)", "all_reduce"),
-]
-
-
-@pytest.mark.parametrize(("name", "collective"), COMMUNICATION, ids=[k[0][:40] for k in COMMUNICATION])
-def test_communication_kernels_beyond_nccl(name: str, collective: str | None) -> None:
-    """Communication libraries are told by their kernels, with the same roles as NCCL's; none of them is compute."""
-    assert is_collective_kernel(name)
-    if collective is not None:
-        assert canonical_collective(name) == collective
-    c = NameClasses.of([name])
-    assert not c.gemm[0]
-    assert not c.conv[0]
-
-
-@pytest.mark.parametrize("name", [
-    "ampere_sgemm_128x64_tn", "void at::native::vectorized_elementwise_kernel<4, float>(...)",
-    "triton_poi_fused_add_0", "void Eigen::internal::EigenMetaKernel<...>(...)", "broadcast_fusion",
-    "nccl_stream_sync",
-])
-def test_compute_kernels_are_not_communication(name: str) -> None:
-    assert not is_collective_kernel(name)
 
 
 def test_mpi_calls_are_host_communication() -> None:

@@ -40,11 +40,11 @@ COMPUTE = [(10, 3_000), (3_800, 6_000), (6_500, 8_000)]
 
 def mesh_trace(path: Path, groups: list[dict[str, Any]] | None, names: bool = True, rank: int = 1,
                world: int = 8, comms: list[tuple[str, str, str, float, float, float]] = COMMS,
-               compute: list[tuple[float, float]] = COMPUTE) -> Path:
-    """Four steps of 10 ms: compute kernels and the collectives of :data:`COMMS`, each launched inside its
+               compute: list[tuple[float, float]] = COMPUTE, steps: int = 4) -> Path:
+    """``steps`` steps of 10 ms: compute kernels and the collectives of :data:`COMMS`, each launched inside its
     ``record_param_comms`` (naming its group where ``names``); nothing on the host after the launches."""
     t = Trace(rank=rank, world=world, groups=groups)
-    for n in range(4):
+    for n in range(steps):
         base = n * STEP
         t.step(n + 1, base, STEP)
         at = base + 5
@@ -128,10 +128,10 @@ def test_an_all_to_all_is_expert_parallel_only_in_a_mixture_of_experts(tmp_path:
     report = analyze([mesh_trace(tmp_path, None, names=False, comms=comms)])
     (plain,) = report.ranks
     assert by_dim(plain)["unknown"].source.startswith("all-to-all, its group not recorded")
-    (fix,) = [r for r in report.recommendations if r.id == "moe_all_to_all_overlap"]
-    assert fix.gain.step_s_saved is None  # not known to be an expert dispatch: no gain promised
-    assert "not known to be expert dispatch" in (fix.gain.reason or "")
-    assert fix.confidence == "low"
+    # not known to be an expert dispatch: not offered, and --explain says which precondition failed
+    assert "moe_all_to_all_overlap" not in {r.id for r in report.recommendations}
+    (declined,) = [d for d in report.declined if d.id == "moe_all_to_all_overlap"]
+    assert declined.check.startswith("a mixture-of-experts model in the trace")
     moe = tmp_path / "moe"
     moe.mkdir()
     report = analyze([with_op(mesh_trace(moe, None, names=False, comms=comms), "MoELayer.forward")])
@@ -302,6 +302,44 @@ def test_the_stage_that_computes_longest_sets_the_pace(tmp_path: Path) -> None:
     assert 1 not in {s.rank for s in report.job.stragglers}
 
 
+def test_no_straggler_for_the_order_a_pipeline_schedule_imposes(tmp_path: Path) -> None:
+    """Two stages that compute alike over eight steps; the world's all-reduce after the flush reaches stage 0 last
+    (1F1B ends its backward there): stage 1 waits 1.5 ms in it every step. That is the schedule's order, not a
+    late rank: no straggler, the wait stays communication."""
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
+              {"pg_name": "1", "pg_desc": "mesh_pp", "pg_size": 2, "ranks": [0, 1]}]
+    first = [("send", "1", SENDRECV, 6_000, 6_500, 500), ("allreduce", "0", ALLREDUCE, 8_500, 9_000, 500)]
+    last = [("send", "1", SENDRECV, 6_000, 6_500, 500), ("allreduce", "0", ALLREDUCE, 7_000, 9_000, 2_000)]
+    one, two = tmp_path / "0", tmp_path / "1"
+    one.mkdir()
+    two.mkdir()
+    report = analyze([mesh_trace(one, groups, rank=0, world=2, comms=first, steps=8),
+                      mesh_trace(two, groups, rank=1, world=2, comms=last, steps=8)])
+    assert report.job is not None
+    assert report.job.stragglers == []
+    assert "pipeline stages compute alike" in " ".join(report.job.notes)
+    for rank in report.ranks:
+        assert rank.primary().idle_by_cause_s["straggler_wait"] == 0.0
+
+
+def test_one_step_names_no_straggler_and_moves_no_wait(tmp_path: Path) -> None:
+    """One step per rank, rank 1 reaching the data-parallel all-reduce 1.5 ms after rank 0: arrival skew, not
+    a straggler; the wait is not moved to ``straggler_wait`` while the note says there are too few steps."""
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]}]
+    early = [("allreduce", "0", ALLREDUCE, 7_000, 9_000, 2_000)]
+    late = [("allreduce", "0", ALLREDUCE, 8_500, 9_000, 500)]
+    one, two = tmp_path / "0", tmp_path / "1"
+    one.mkdir()
+    two.mkdir()
+    report = analyze([mesh_trace(one, groups, rank=0, world=2, comms=early, steps=1),
+                      mesh_trace(two, groups, rank=1, world=2, comms=late, steps=1)])
+    assert report.job is not None
+    assert report.job.stragglers == []
+    assert "too few steps to name a straggler" in " ".join(report.job.notes)
+    assert all(r.primary().idle_by_cause_s["straggler_wait"] == 0.0 for r in report.ranks)
+    assert "straggler_wait" not in {r.cause for r in report.recommendations}
+
+
 def test_context_parallel_overlap_from_the_cp_group(tmp_path: Path) -> None:
     """A ring of send/recv on the group ``mesh_cp``: its description, not the send/recv, tells the dimension."""
     groups = [*GROUPS[:1], {"pg_name": "5", "pg_desc": "mesh_cp", "pg_size": 2, "ranks": [1, 9]}]
@@ -317,13 +355,14 @@ def test_context_parallel_overlap_from_the_cp_group(tmp_path: Path) -> None:
 
 
 def test_the_rank_others_wait_for_in_all_to_all_is_named(tmp_path: Path) -> None:
-    """Two expert-parallel ranks: rank 1's all-to-all runs 1.0 ms a step, 0.8 ms of it with no compute beside it
-    (the next kernel starts at 3.8 ms), rank 0's 0.25 ms: rank 0 is the one the other waits for."""
+    """Two expert-parallel ranks over five steps: rank 1's all-to-all runs 1.0 ms a step, 0.8 ms of it with no
+    compute beside it (the next kernel starts at 3.8 ms), rank 0's 0.25 ms: rank 0 is the one the other waits for.
+    (With one step it would be arrival skew: :func:`test_one_step_names_no_straggler_and_moves_no_wait`.)"""
     one, two = tmp_path / "0", tmp_path / "1"
     one.mkdir()
     two.mkdir()
     traces = [mesh_trace(folder, None, names=False, rank=rank, world=2,
-                         comms=[("all_to_all", "", ALLTOALL, 3_000, 3_000 + wait, wait)])
+                         comms=[("all_to_all", "", ALLTOALL, 3_000, 3_000 + wait, wait)], steps=5)
               for folder, rank, wait in ((one, 0, 250), (two, 1, 1_000))]
     report = analyze(traces)
     assert report.job is not None
@@ -345,8 +384,8 @@ def test_a_real_pipeline_and_all_to_all_are_named_as_the_mesh_reads_them(pipelin
     """Every collective PyTorch records on gloo for a pipeline schedule and an all-to-all is one the analysis
     recognises (its host-call class), and reads as the kind its dimension is inferred from: each stage's
     send/recv (4 microbatches, one neighbour: 4 each way) as ``send_recv``, the all-to-all as ``all_to_all``."""
-    from gpuidle.analysis.comm import canonical_collective
     from gpuidle.analysis.names import COLLECTIVE_HOST
+    from gpuidle.model.comm_kernels import canonical_op
 
     for rank in range(2):
         doc = json.loads((pipeline_job / f"pipeline_rank{rank}.json").read_text())
@@ -355,7 +394,7 @@ def test_a_real_pipeline_and_all_to_all_are_named_as_the_mesh_reads_them(pipelin
         collective = [n for n in names if n.startswith(("c10d::", "gloo:"))]
         assert collective
         assert all(any(p.search(n) for p in COLLECTIVE_HOST) for n in collective)
-        kinds = [canonical_collective(n) for n in collective if n.startswith("c10d::")]
+        kinds = [canonical_op(n) for n in collective if n.startswith("c10d::")]
         assert kinds.count("send_recv") == 2 * 4
         assert kinds.count("all_to_all") == 1
 
@@ -406,6 +445,40 @@ def test_flattened_and_hsdp_groups_give_each_dimension_its_own_size(tmp_path: Pa
     text = flat(TerminalRenderer().render(report))
     assert "mesh: 8 ranks: dp 4 × tp 2 · this rank dp 2, tp 1" in text
     assert "not recorded" not in text
+
+
+def test_no_data_parallel_fix_in_a_tensor_parallel_job(tmp_path: Path) -> None:
+    """A training job of tensor parallelism alone (its all-reduces on ``mesh_tp``, nine a step, fp32): however
+    its all-reduces read, no DDP fix (buckets, compression, more work per all-reduce) is offered, and
+    ``--explain`` says the data-parallel dimension is missing."""
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
+              {"pg_name": "1", "pg_desc": "mesh_tp", "pg_size": 2, "ranks": [0, 1]}]
+    comms = [("allreduce", "1", ALLREDUCE.replace("bf16", "f32"), 1000 + i * 1000, 1400 + i * 1000, 400)
+             for i in range(9)]
+    trace = with_op(mesh_trace(tmp_path, groups, rank=0, world=2, comms=comms, compute=[(10, 900)], steps=5),
+                    "autograd::engine::evaluate_function: MmBackward0")
+    report = analyze([trace])
+    assert [m.dim for m in report.ranks[0].communication.mesh] == ["tp"]
+    offered = {r.id for r in report.recommendations}
+    assert "tp_comm_overlap" in offered
+    assert not offered & {"ddp_bucket_cap", "ddp_no_sync", "comm_compression", "comm_bound_batch"}
+    assert any(d.id == "comm_bound_batch" and "data-parallel dimension" in d.check for d in report.declined)
+
+
+def test_expert_groups_do_not_multiply_the_dense_dimensions(tmp_path: Path) -> None:
+    """Megatron-Core's 8-rank MoE job, tp 1, ep 4: ``DATA_PARALLEL_GROUP`` holds all 8 ranks and
+    ``EXPERT_DATA_PARALLEL_GROUP`` 2 of them; data parallel is 8 (the expert groups split the expert layers'
+    ranks), not 8 × 2."""
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 8, "ranks": list(range(8))},
+              {"pg_name": "1", "pg_desc": "DATA_PARALLEL_GROUP", "pg_size": 8, "ranks": list(range(8))},
+              {"pg_name": "2", "pg_desc": "EXPERT_MODEL_PARALLEL_GROUP", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+              {"pg_name": "3", "pg_desc": "EXPERT_DATA_PARALLEL_GROUP", "pg_size": 2, "ranks": [1, 5]},
+              {"pg_name": "4", "pg_desc": "EXPERT_TENSOR_PARALLEL_GROUP", "pg_size": 1, "ranks": [1]}]
+    comms = [("allreduce", "1", ALLREDUCE, 6_000, 6_500, 500), ("allreduce", "3", ALLREDUCE, 7_500, 7_600, 100)]
+    report = analyze([mesh_trace(tmp_path, groups, rank=1, comms=comms)])
+    dims = by_dim(report.ranks[0])
+    assert (dims["dp"].size, dims["dp"].coordinate) == (8, 1)
+    assert (dims["ep"].size, dims["ep"].coordinate) == (4, 1)
 
 
 def test_a_batched_send_recv_counts_its_operations_from_the_host(tmp_path: Path) -> None:

@@ -66,3 +66,24 @@ def test_gemms_already_on_the_tensor_cores_get_no_precision_fix(tmp_path: Path) 
     report = gemm_job(tmp_path, TF32, (8, 0), "NVIDIA A100-SXM4-80GB")
     assert not {"tf32", "mixed_precision"} & {r.id for r in report.recommendations}
     assert report.ranks[0].kernels.reduced_precision_gemm_share == pytest.approx(1.0)
+
+
+def test_recast_kernels_are_named_and_cast_once_for_inference(tmp_path: Path) -> None:
+    """An inference forward under autocast: each step's GEMM reads weights re-cast by a copy kernel launched inside
+    ``aten::_to_copy`` (300 µs of 1,000 µs of kernels): the casts are named, and an inference model is cast once."""
+    t = Trace()
+    for n, base in enumerate((0, 2000, 4000, 6000), start=1):
+        t.step(n, base, 2000)
+        t.op("aten::linear", base, 40)
+        t.op("aten::_to_copy", base + 1, 20)
+        t.launch(at=base + 5, call_dur=5, start=base + 10, dur=300,
+                 name="void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>(int)")
+        t.launch(at=base + 30, call_dur=5, start=base + 310, dur=700, name="ampere_bf16_s16816gemm_bf16_128x64_tn")
+    report = analyze([t.write(tmp_path / "t.json.gz")])
+    (fix,) = [r for r in report.recommendations if r.id == "recast_kernels"]
+    assert fix.evidence["cast_kernels_per_step"] == 1.0
+    assert fix.evidence["cast_share_of_kernel_time"] == pytest.approx(0.3)
+    assert fix.title.startswith("Dtype casts take 30% of the GPU's time (1 cast kernels a step)")
+    assert ".eval()" in fix.fix
+    assert fix.gain.step_s_saved_low == pytest.approx(150e-6)
+    assert fix.gain.step_s_saved_high == pytest.approx(300e-6)

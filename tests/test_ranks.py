@@ -162,9 +162,10 @@ def test_real_rank_pair(tmp_path: Path) -> None:
     for r in report.ranks:
         d = r.primary()
         assert d.busy_s + sum(d.idle_by_cause_s.values()) == pytest.approx(d.window_s, abs=1e-9)
-    # waiting moved out of communication never exceeds the collectives' exposed time
-    exposed = sum(r.communication.exposed_s for r in report.ranks)
-    assert 0 < job.communication.straggler_wait_s <= exposed
+    # two steps shared by the ranks: their waits are arrival skew, kept as communication, not a straggler's
+    assert len(job.steps) < 5
+    assert job.communication.straggler_wait_s == 0.0
+    assert any("too few steps to name a straggler" in n and "stay communication" in n for n in job.notes)
 
 
 def test_per_step_job_view(tmp_path: Path) -> None:

@@ -158,3 +158,16 @@ def test_an_end_of_profile_tail_is_left_out_of_the_window(tmp_path: Path) -> Non
     dur, notes = job(0.0)
     assert dur == pytest.approx(4 * 0.170)
     assert notes == []
+
+
+def test_a_long_step_that_recurs_is_the_loops_rhythm_not_an_outlier() -> None:
+    """ResNet's loader stalls every fourth step (750-830 ms against 150-160 ms): the pool refilling, regular. The
+    longest of them is no outlier while three others lie within 15 % of it; one long step alone still is, and slow
+    first steps stay warm-up."""
+    from gpuidle.analysis.steps import steady_state
+
+    resnet = [171, 159, 158, 154, 159, 159, 159, 279, 486, 160, 150, 765, 482, 291, 151, 747, 333, 368, 161, 757,
+              393, 373, 160, 827, 550, 160, 150, 179]
+    assert steady_state(resnet) == [None] * len(resnet)
+    assert steady_state([100, 100, 101, 99, 100, 900, 100, 100])[5] == "outlier"
+    assert steady_state([500, 510, 505, 100, 100, 101, 99, 100, 300, 100])[:3] == ["warmup"] * 3

@@ -91,9 +91,10 @@ def test_two_fixes_of_one_idle_share_it(tmp_path: Path) -> None:
         (idle_launch / 2, idle_launch * 3 / 4, idle_launch))
     assert g.assumption is not None
     assert "50–100 % of the launch gaps" in g.assumption
-    # larger_batch claims a quarter to half of the same launch idle: an alternative, not an addition
+    # larger_batch claims 40-50 % of the same launch idle (the GPU computes a tenth of the step: compute-light, its
+    # fixed costs halve per sample): an alternative, not an addition
     assert batch.alternative_to == "cuda_graphs"
-    assert (batch.gain.step_s_saved_low, batch.gain.step_s_saved_high) == pytest.approx((idle_launch / 4,
+    assert (batch.gain.step_s_saved_low, batch.gain.step_s_saved_high) == pytest.approx((idle_launch * 0.4,
                                                                                          idle_launch / 2))
     c = report.combined
     assert c is not None

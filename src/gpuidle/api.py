@@ -21,7 +21,8 @@ from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.intervals import Intervals
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
-from gpuidle.analysis.ranks import match_collectives, waiting_intervals
+from gpuidle.analysis.ranks import enough_steps, match_collectives, waiting_intervals
+from gpuidle.analysis.startup import find_startup
 from gpuidle.analysis.steps import step_window
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.errors import GpuidleError, InputNotFound
@@ -31,6 +32,7 @@ from gpuidle.jobs.merge import merge_job
 from gpuidle.jobs.plan import plan_inputs
 from gpuidle.jobs.rank import RankOutcome
 from gpuidle.model import (
+    CAUSES,
     AnalysisReport,
     CommFit,
     Comparison,
@@ -315,7 +317,8 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
                   straggler: dict[int, Intervals] | None = None, rank: int | None = None) -> IdleTimeline:
     """Re-read one trace and return every device's idle intervals with their causes.
 
-    The window, steps and causes are those of :func:`analyze`. ``straggler`` (per device,
+    The window, steps and causes are those of :func:`analyze`; idle under one-time start-up (context creation,
+    module loading, allocator growth) is in no cause there, and is left out here. ``straggler`` (per device,
     the intervals spent waiting for a slower rank, from the job's other ranks) turns that
     waiting into ``straggler_wait`` as in the job report; without it, it stays
     ``communication``. ``rank`` picks one rank of a file that holds several (an Nsight
@@ -326,9 +329,12 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
     launchers = launcher_rows(tl)
     window = step_window(tl, names, launchers)
     bounds = window.bounds
+    startup = find_startup(tl, names, window, launchers).ranges()
     devices = []
-    for d in attribute_idle(tl, names, window, launchers, straggler):
+    for d in attribute_idle(tl, names, window, launchers, straggler, startup=startup):
         seg_s, seg_e, cause = d.segments
+        per_step = cause < len(CAUSES)  # start-up is in no cause, as in the report: not drawn as one
+        seg_s, seg_e, cause = seg_s[per_step], seg_e[per_step], cause[per_step]
         step_index = np.clip(np.searchsorted(bounds, seg_s, side="right") - 1, 0, bounds.size - 2)
         edges, busy, idle = slice_shares(d.window, (seg_s, seg_e, cause.astype(np.int64)), bins)
         devices.append(DeviceTimeline(
@@ -374,8 +380,8 @@ def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS,
         files = sorted({r.path for r in report.ranks})
         ranks = [o.analysis for o in LocalPool().run(files) if o.analysis is not None]
     mine = next(a for a in ranks if a.report.path == worst.path and a.report.rank == worst.rank)
-    waits = waiting_intervals(mine, match_collectives(ranks))
-    tl = idle_timeline(worst.path, bins, {mine.primary_device: waits}, rank=worst.rank)
+    waits = {mine.primary_device: waiting_intervals(mine, match_collectives(ranks))} if enough_steps(ranks) else {}
+    tl = idle_timeline(worst.path, bins, waits, rank=worst.rank)
     note = f"rank {worst.rank} of {len(report.ranks)}, the lowest utilization ({worst.primary().utilization:.1%})"
     return IdleTimeline(path=tl.path, rank=worst.rank, t0_ns=tl.t0_ns, step_numbers=tl.step_numbers,
                         step_bounds=tl.step_bounds, devices=tl.devices, note=note)

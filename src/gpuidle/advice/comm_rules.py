@@ -116,8 +116,8 @@ little compute beside it, or uneven experts (the busiest rank's wait is no trans
 def exposed_all_to_all(x: RuleInput) -> list[Proposal]:
     """Expert parallelism's dispatch and combine (all-to-all) with no compute beside them, any style and phase:
     overlap them with the experts' compute and balance the experts. How much overlap hides depends on the compute
-    there is to hide it under: a modelled range (:data:`A2A_OVERLAP`) of the expert-parallel dimension's idle; an
-    all-to-all not known to be an expert dispatch gets no gain."""
+    there is to hide it under: a modelled range (:data:`A2A_OVERLAP`) of the expert-parallel dimension's idle,
+    where the mesh has one (its preconditions: a mixture-of-experts model, ``advice.preconditions``)."""
     exposed = x.exposed(("all_to_all",))
     share = exposed / x.state.step_s if x.state.step_s else 0.0
     if share < MIN_SHARE:
@@ -126,24 +126,60 @@ def exposed_all_to_all(x: RuleInput) -> list[Proposal]:
     if expert:  # a context-parallel all-to-all is the cp fix's
         exposed = min(exposed, dimension_idle(x, ("ep",)))
     effect = removes_between(*A2A_OVERLAP, {Cause.COMMUNICATION: exposed}, part="ep") if expert else Effect(
-        reason="not estimable from one trace: its all-to-alls are not known to be expert dispatch and combine (no "
-               "expert-parallel group or mixture-of-experts name in the trace); sharded embeddings and "
-               "sequence-parallel attention overlap theirs differently")
+        reason="not estimable from one trace: no expert-parallel dimension in the mesh to size the overlap on")
     calls = x.per_window_step(sum(c.count for c in x.report.communication.collectives
                                   if c.collective == "all_to_all"))
+    megatron = x.report.workload is not None and "megatron" in x.report.workload.libraries
     return [x.rec(
         "moe_all_to_all_overlap", Cause.COMMUNICATION,
         "All-to-all (expert dispatch and combine) is exposed: overlap it with the experts' compute",
         {"exposed_all_to_all_ms_per_step": _ms(exposed), "share_of_step": round(share, 3),
          "all_to_alls_per_step": round(calls, 1),
          "assumption": f"overlap hides {A2A_OVERLAP[0]:.0%}–{A2A_OVERLAP[1]:.0%} of the exposed all-to-all"},
-        "# Megatron-Core: overlap dispatch/combine with expert compute (EP > 1, BF16/FP16)\n"
-        "config.overlap_moe_expert_parallel_comm = True\n"
-        "config.moe_shared_expert_overlap = False     # the two overlaps exclude each other\n"
-        "# or the fused dispatcher: config.moe_token_dispatcher_type = \"flex\" with DeepEP\n"
-        "# uneven experts make every rank wait for the busiest: check the router's load balancing\n"
-        "# (config.moe_router_load_balancing_type, config.moe_aux_loss_coeff); keep EP within one node",
-        effect, confidence="medium" if expert else "low",
+        MEGATRON_A2A if megatron else GENERIC_A2A, effect, confidence="medium" if expert else "low",
+    )]
+
+
+MEGATRON_A2A = (
+    "# Megatron-Core: overlap dispatch/combine with expert compute (EP > 1, BF16/FP16)\n"
+    "config.overlap_moe_expert_parallel_comm = True\n"
+    "config.moe_shared_expert_overlap = False     # the two overlaps exclude each other\n"
+    "# or the fused dispatcher: config.moe_token_dispatcher_type = \"flex\" with DeepEP\n"
+    "# uneven experts make every rank wait for the busiest: check the router's load balancing\n"
+    "# (config.moe_router_load_balancing_type, config.moe_aux_loss_coeff); keep EP within one node"
+)
+GENERIC_A2A = (
+    "# dispatch one microbatch's tokens while another's experts compute: issue the all-to-all on its own\n"
+    "# stream and wait for it only where its output is used (DeepEP: Buffer.dispatch(..., async_finish=True,\n"
+    "# allocate_on_comm_stream=True), then the returned event's current_stream_wait() before the experts)\n"
+    "# uneven experts make every rank wait for the busiest: balance the router (an auxiliary load-balancing\n"
+    "# loss, a capacity factor); keep the expert-parallel group within one node"
+)
+
+
+def embedding_all_to_all(x: RuleInput) -> list[Proposal]:
+    """A recommender's sharded embeddings (TorchRec): the all-to-all of the sparse features and of the pooled
+    embeddings exposed. Pipelining the sparse data distribution hides the input all-to-all under the previous
+    batch's dense compute; a sharding plan that balances the tables shortens the wait for the busiest rank."""
+    exposed = x.exposed(("all_to_all",))
+    share = exposed / x.state.step_s if x.state.step_s else 0.0
+    if share < MIN_SHARE:
+        return []
+    return [x.rec(
+        "embedding_all_to_all", Cause.COMMUNICATION,
+        "The embeddings' all-to-all is exposed: pipeline the sparse data distribution and balance the sharding",
+        {"exposed_all_to_all_ms_per_step": _ms(exposed), "share_of_step": round(share, 3)},
+        "from torchrec.distributed.train_pipeline import TrainPipelineSparseDist\n"
+        "pipeline = TrainPipelineSparseDist(model, optimizer, device)   # next batch's input dist beside this "
+        "batch's compute\n"
+        "batches = iter(dataloader)\n"
+        "while True:\n"
+        "    pipeline.progress(batches)     # forward, backward and optimizer step of one batch\n"
+        "# balance the tables across ranks: torchrec.distributed.planner.EmbeddingShardingPlanner with the\n"
+        "# job's Topology, and its plan passed to DistributedModelParallel(..., plan=plan)",
+        Effect(reason="not estimable from one trace: how much of the all-to-all the pipeline hides depends on the "
+                      "dense compute of the batch beside it"),
+        confidence="medium",
     )]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
+from gpuidle.advice.frameworks import PYTORCH_LIBRARIES
 from gpuidle.advice.whatif import Proposal
 
 CUDA_APPLICATION = "cuda"
@@ -103,7 +104,9 @@ CUDA_FIXES: dict[str, tuple[str, str]] = {
     ),
 }
 STRAGGLER_LOADER = "its DataLoader workers"
-PYTORCH_ONLY = frozenset({"ddp_no_sync", "ddp_bucket_cap", "comm_compression", "zero_grad_set_to_none"})
+PYTORCH_ONLY = frozenset({"ddp_no_sync", "ddp_bucket_cap", "comm_compression", "zero_grad_set_to_none",
+                          "moe_all_to_all_overlap", *PYTORCH_LIBRARIES})
+"""Fixes in PyTorch's API or its libraries' settings: not in this stack for a CUDA program."""
 
 
 def _cuda_evidence(evidence: dict[str, object]) -> dict[str, object]:

@@ -35,7 +35,18 @@ _BATCH = (
     "learning_rate = base_learning_rate * 2   # linear scaling rule (SGD); sqrt scaling for Adam-type\n"
 )
 
+PYTORCH_LIBRARIES = (
+    "embedding_all_to_all", "fsdp_prefetch", "fsdp_forward_prefetch", "fsdp_backward_prefetch",
+    "fsdp_reshard_after_forward", "fsdp_reduce_dtype", "fsdp_hsdp", "fsdp_larger_units", "deepspeed_zero_stage",
+    "deepspeed_stage3_prefetch", "deepspeed_overlap_comm", "deepspeed_reduce_bucket", "deepspeed_allgather_bucket",
+    "pipeline_bubble", "tp_comm_overlap", "cp_comm_overlap", "recast_kernels",
+)
+"""Fixes in the settings of PyTorch's own libraries (TorchRec, FSDP2, DeepSpeed, ``torch.distributed.pipelining``,
+Megatron-Core) and of its autocast's casts: not in this stack for TensorFlow, JAX, Keras or a CUDA program, each
+said so explicitly."""
+
 TENSORFLOW: dict[str, Wording | None] = {
+    **dict.fromkeys(PYTORCH_LIBRARIES),
     "dataloader_workers": Wording(
         "Feed the GPU from a parallel tf.data pipeline: interleave, parallel map, cache, prefetch",
         "dataset = (\n"
@@ -127,6 +138,7 @@ TENSORFLOW: dict[str, Wording | None] = {
 }
 
 JAX: dict[str, Wording | None] = {
+    **dict.fromkeys(PYTORCH_LIBRARIES),
     "dataloader_workers": Wording(
         "Prepare batches ahead of the step: grain workers and device prefetch",
         "loader = grain.DataLoader(data_source=source, sampler=sampler, operations=transforms,\n"
@@ -283,6 +295,31 @@ ENGINE_PRECISION: dict[str, str] = {
 device's matrix units take)."""
 
 
+ENGINE_PROFILE: dict[str, str] = {
+    "vllm": (
+        "# vLLM's iterations are the steps: profile several of them with the engine's own profiler\n"
+        "VLLM_TORCH_PROFILER_DIR=./traces vllm serve MODEL   # then POST /start_profile, requests, POST /stop_profile\n"
+        "# offline: llm.start_profile(); llm.generate(prompts); llm.stop_profile()"),
+    "sglang": (
+        "# SGLang's iterations are the steps: profile several of them with the engine's own profiler\n"
+        "SGLANG_TORCH_PROFILER_DIR=./traces python -m sglang.launch_server --model-path MODEL\n"
+        "# then POST /start_profile, send requests, POST /stop_profile"),
+}
+"""How to record several steps of a serving engine: its own profiler, around its iterations."""
+SERVING_LOOP = ("    for batch in loader:\n        train_step(batch)\n",
+                "    for batch in requests:\n        model(batch)\n")
+"""A profiler schedule's loop as a training step writes it, and as an inference program does."""
+
+
+def profile_loop(workload: Workload | None, fix: str) -> str:
+    """A profiler recipe in the program's idiom: an engine's own profiler, an inference loop, or the training loop."""
+    if workload is not None and workload.engine in ENGINE_PROFILE:
+        return ENGINE_PROFILE[workload.engine]
+    if workload is not None and workload.mode == "inference":
+        return fix.replace(*SERVING_LOOP)
+    return fix
+
+
 def engine_batch(workload: Workload | None) -> tuple[str, str] | None:
     return ENGINE_BATCH.get(workload.engine) if workload is not None and workload.engine else None
 
@@ -293,6 +330,7 @@ def engine_precision(workload: Workload | None, dtype: str) -> str | None:
 
 
 KERAS: dict[str, Wording | None] = {
+    **dict.fromkeys(PYTORCH_LIBRARIES),
     "dataloader_workers": Wording(
         "Prepare batches ahead of the step: a parallel tf.data pipeline, or PyDataset workers",
         "dataset = (dataset                                                 # Keras takes tf.data on every backend\n"

@@ -94,3 +94,37 @@ def mixed_precision(x: RuleInput) -> list[Proposal]:
         "mixed_precision", COMPUTE, title, evidence, engine or amp_snippet(hw, x.inference), effect,
         confidence="medium" if hw.tensor_cores else "low",
     )]
+
+
+CAST_SHARE = 0.1
+"""Cast kernels this share of kernel time or more are worth naming: a forward that re-casts its fp32 weights to 16
+bits at every use spends a GEMM's worth of memory traffic on each."""
+CAST_KEPT = (0.5, 1.0)
+"""Of the casts' device time, what casting once (inference) or fusing the casts into their consumers (training,
+under ``torch.compile``) removes: all where the weights are cast once, half where activations still convert."""
+
+
+def recast_kernels(x: RuleInput) -> list[Proposal]:
+    """Kernels launched inside ``aten::_to_copy``/``aten::to`` take a tenth of kernel time or more: name them, and
+    cast once (an inference model stored in 16 bits) or fuse the casts into the kernels that read them."""
+    k = x.report.kernels
+    if not k.total_s or k.cast_kernel_s / k.total_s < CAST_SHARE:
+        return []
+    seconds = x.per_window_step(k.cast_kernel_s)
+    dtype = amp_dtype(x.hw)
+    evidence: dict[str, object] = {
+        "cast_kernels_per_step": round(x.per_window_step(k.cast_kernel_count), 1),
+        "cast_ms_per_step": _ms(seconds), "cast_share_of_kernel_time": round(k.cast_kernel_s / k.total_s, 3),
+        "assumption": f"{CAST_KEPT[0]:.0%}–{CAST_KEPT[1]:.0%} of the casts' device time goes"}
+    fix = (f"model = model.to(torch.{dtype}).eval()   # weights cast once, not at every forward under autocast\n"
+           "with torch.inference_mode():                  # and no torch.autocast around the forward\n"
+           "    out = model(batch.to(device, torch." + dtype + "))") if x.inference else (
+        "model = torch.compile(model)   # fuses each cast into the kernel that reads it\n"
+        "# one torch.autocast region around the whole forward: its cast cache lives per region, and every region\n"
+        "# entered again (per layer, per micro-batch) casts the same fp32 weights again")
+    return [x.rec(
+        "recast_kernels", COMPUTE,
+        f"Dtype casts take {k.cast_kernel_s / k.total_s:.0%} of the GPU's time "
+        f"({x.per_window_step(k.cast_kernel_count):.0f} cast kernels a step): cast once, or fuse the casts",
+        evidence, fix, removes_between(*CAST_KEPT, busy=seconds), confidence="medium",
+    )]

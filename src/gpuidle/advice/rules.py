@@ -12,20 +12,22 @@ modules (framework-specific texts) key on them.
 
 from __future__ import annotations
 
-import re
+import functools
 
 import msgspec
 import numpy as np
 
-from gpuidle.advice.comm_rules import exposed_all_to_all, exposed_communication
-from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, engine_batch, graph_fix
+from gpuidle.advice.comm_rules import embedding_all_to_all, exposed_all_to_all, exposed_communication
+from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, graph_fix, profile_loop
 from gpuidle.advice.hardware import hardware
+from gpuidle.advice.host_rules import cpu_work, larger_batch
 from gpuidle.advice.mesh_rules import MESH_RULES
-from gpuidle.advice.precision import mixed_precision, tf32
+from gpuidle.advice.precision import mixed_precision, recast_kernels, tf32
+from gpuidle.advice.preconditions import offered
 from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _ms, removes, removes_between
 from gpuidle.advice.whatif import Effect, Proposal, excess, modelled, placeholder, rank_state
 from gpuidle.analysis.steps import counted
-from gpuidle.model import Cause, JobReport, RankReport, Recommendation, StepReport
+from gpuidle.model import Cause, Declined, JobReport, RankReport, Recommendation, StepReport
 
 
 def dataloader_workers(x: RuleInput) -> list[Proposal]:
@@ -170,93 +172,29 @@ def cuda_graphs(x: RuleInput) -> list[Proposal]:
                   confidence="medium" if known else "low")]
 
 
+def _zero_grad_idle(step: StepReport, cause: str) -> float:
+    return step.zero_grad_s.get(cause, 0.0)
+
+
 def zero_grad_set_to_none(x: RuleInput) -> list[Proposal]:
     """Per-parameter fills launched by ``zero_grad()``: one kernel per parameter, gone with ``set_to_none``."""
-    zero_grad = x.mean_step(lambda s: s.zero_grad_launch_s)
+    causes = {c for s in x.report.steps for c in s.zero_grad_s} or {Cause.LAUNCH_OVERHEAD.value}
+    by_cause = {c: x.mean_step(functools.partial(_zero_grad_idle, cause=c)) for c in sorted(causes)}
+    if not by_cause.get(Cause.LAUNCH_OVERHEAD.value):  # a report without the split (older): its launches alone
+        by_cause[Cause.LAUNCH_OVERHEAD.value] = x.mean_step(lambda s: s.zero_grad_launch_s)
+    zero_grad = sum(by_cause.values())
     if not x.state.step_s or zero_grad / x.state.step_s < MIN_SHARE:
         return []
     return [x.rec(
         "zero_grad_set_to_none", Cause.LAUNCH_OVERHEAD,
         "zero_grad() launches a fill per parameter: set gradients to None instead",
-        {"zero_grad_launch_ms_per_step": _ms(zero_grad),
+        {"zero_grad_idle_ms_per_step": _ms(zero_grad),
+         "zero_grad_idle_by_cause_ms": {c: _ms(v) for c, v in by_cause.items() if v},
          "launch_overhead_ms_per_step": _ms(x.idle(Cause.LAUNCH_OVERHEAD))},
         "optimizer.zero_grad(set_to_none=True)   # the default since PyTorch 2.0; no kernel per parameter\n"
         "# a loop of p.grad.zero_() or model.zero_grad(set_to_none=False) does the same per-parameter fills",
-        Effect(idle={Cause.LAUNCH_OVERHEAD.value: zero_grad}, part="zero_grad"),
+        Effect(idle={c: v for c, v in by_cause.items() if v}, part="zero_grad"),
     )]
-
-
-def larger_batch(x: RuleInput) -> list[Proposal]:
-    k = x.report.kernels
-    starved = x.share(Cause.LAUNCH_OVERHEAD) + x.share(Cause.CPU_COMPUTE)
-    if k.short_kernel_share < 0.5 or starved < 0.2:
-        return []
-    engine = engine_batch(x.report.workload)
-    if engine is not None:
-        title, fix = engine
-    elif x.inference:
-        title = "Tiny kernels starve the GPU: serve more requests per forward pass (a larger batch)"
-        fix = ("# batch requests together: twice the rows per forward pass, the same launches\n"
-               "outputs = model(torch.cat(requests))      # or raise the server's max batch size")
-    else:
-        title = "Tiny kernels starve the GPU: double the per-GPU batch (scale the learning rate with it)"
-        fix = ("batch_size = 2 * batch_size\n"
-               "lr = base_lr * batch_size / base_batch_size      "
-               "# linear scaling rule (SGD); sqrt scaling for Adam-type\n"
-               "# out of memory? keep the per-GPU batch and accumulate k micro-batches per optimizer step\n"
-               "# (under model.no_sync() for all but the last one with DDP)")
-    return [x.rec(
-        "larger_batch", Cause.LAUNCH_OVERHEAD, title,
-        {"short_kernel_share": round(k.short_kernel_share, 3), "launch_plus_cpu_share": round(starved, 3),
-         "assumption": "2x batch: host time per sample falls by a quarter to a half, and so does this idle"},
-        fix,
-        removes_between(0.25, 0.5, {Cause.LAUNCH_OVERHEAD: x.idle(Cause.LAUNCH_OVERHEAD),
-                                    Cause.CPU_COMPUTE: x.idle(Cause.CPU_COMPUTE)}), confidence="low",
-    )]
-
-
-MODEL_CODE = re.compile(r"forward\b|/models?/|/layers?/|moe|expert|attention|/modeling_", re.IGNORECASE)
-"""Python frames of a model's own forward pass (its modules, layers, attention, MoE routing), not pre- or
-post-processing around it."""
-MODEL_CODE_SHARE = 0.5
-
-
-def cpu_work(x: RuleInput) -> list[Proposal]:
-    if x.share(Cause.CPU_COMPUTE) < 0.10:
-        return []
-    evidence: dict[str, object] = {"cpu_compute_ms_per_step": _ms(x.idle(Cause.CPU_COMPUTE))}
-    hotspots = x.report.python_hotspots
-    if hotspots:
-        evidence["python_at_idle_ms"] = {h.function[:120]: _ms(x.per_window_step(h.idle_s)) for h in hotspots}
-    locate = ("# where: the Python functions in the evidence (from the trace's stacks)" if x.python_stacks else
-              "# locate it: torch.profiler.profile(..., with_stack=True) and sort by self CPU time")
-    return [x.rec(
-        "move_cpu_work", Cause.CPU_COMPUTE, "Host-side work that launches nothing holds the GPU back", evidence,
-        _host_work_fix(x, evidence) + locate, removes(Cause.CPU_COMPUTE, x.idle(Cause.CPU_COMPUTE)),
-    )]
-
-
-def _host_work_fix(x: RuleInput, evidence: dict[str, object]) -> str:
-    """What to do about host work between launches, by what the trace says it is: the model's own forward pass
-    (replay it as a graph: there is nothing to move), a compiled model's wrapper, or work around the model."""
-    workload = x.report.workload
-    hotspots = x.report.python_hotspots
-    in_model = sum(h.idle_s for h in hotspots if MODEL_CODE.search(h.function))
-    if hotspots and in_model >= MODEL_CODE_SHARE * sum(h.idle_s for h in hotspots):
-        evidence["python_in_model_forward_share"] = round(in_model / sum(h.idle_s for h in hotspots), 3)
-        graphs = graph_fix(workload)
-        if graphs is not None:
-            return "# the Python under the idle is the model's own forward: replay it as a CUDA graph\n" + \
-                graphs[1] + "\n"
-    if workload is not None and workload.execution == "compiled" and workload.engine is None:
-        return ("# the model is compiled: the host time left is its wrapper's Python between launches (guards,\n"
-                "# size checks); replaying CUDA graphs skips it\n"
-                "model = torch.compile(model, mode=\"reduce-overhead\")\n")
-    where = ("# move pre- and post-processing off the serving thread (a worker pool), batch it on the GPU\n"
-             if x.inference else
-             "# move per-sample preprocessing into Dataset.__getitem__ (runs in DataLoader workers)\n")
-    eager = workload is None or (workload.engine is None and workload.execution == "eager")
-    return where + ("# and fuse Python-level tensor code: model = torch.compile(model)\n" if eager else "")
 
 
 def cudnn_benchmark(x: RuleInput) -> list[Proposal]:
@@ -328,9 +266,7 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
             fix = fix.replace("    with_stack=True,           # Python stacks of the operators: where the host "
                               "time goes\n", "")
             missing.append(f"{ev['python_functions']} Python frames recorded (with_stack is on)")
-        if x.inference:
-            fix = fix.replace("    for batch in loader:\n        train_step(batch)\n",
-                              "    for batch in requests:\n        model(batch)\n")
+        fix = profile_loop(x.report.workload, fix)
     return [x.rec(
         "record_cpu_activity", Cause.UNATTRIBUTED, UNEXPLAINED_BY_TRACKER if ev is None else
         "The trace cannot explain most of the idle time: record host activity with it",
@@ -342,23 +278,25 @@ def explain_unattributed(x: RuleInput) -> list[Proposal]:
 
 RULES: list[Rule] = [
     dataloader_workers, remove_host_sync, pinned_memory, cuda_graphs, zero_grad_set_to_none, larger_batch, cpu_work,
-    tf32, mixed_precision, cudnn_benchmark, exposed_communication, exposed_all_to_all, explain_unattributed,
+    tf32, mixed_precision, recast_kernels, cudnn_benchmark, exposed_communication, exposed_all_to_all,
+    embedding_all_to_all, explain_unattributed,
 ]
 
 
 def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rule] | None = None,
-              include_all: bool = False) -> list[Proposal]:
-    """Every rule's proposals for one rank, on its steady-state step (all steps with ``include_all``):
-    by default :data:`RULES` and the sharded data-parallel rules (``advice.sharded``, built on :class:`RuleInput`)."""
+              include_all: bool = False) -> tuple[list[Proposal], list[Declined]]:
+    """Every rule's proposals for one rank, on its steady-state step (all steps with ``include_all``), those whose
+    preconditions hold (``advice.preconditions``) and those declined with the check that failed: by default
+    :data:`RULES` and the sharded data-parallel rules (``advice.sharded``, built on :class:`RuleInput`)."""
     from gpuidle.advice.sharded import SHARDED_RULES
 
     if not report.steps:
-        return []
+        return [], []
     rules = rules if rules is not None else [*RULES, *SHARDED_RULES, *MESH_RULES]
     x = RuleInput(report, report.primary(), rank_state(report, include_all),
                   len(counted(report.steps, include_all)), accumulation_repeats, include_all)
-    proposals = [p for rule in rules for p in rule(x)]
-    return [*more_steps(x), *(per_step(x, p) for p in proposals), *unsized_causes(x, proposals)]
+    proposals, declined = offered(x, [p for rule in rules for p in rule(x)])
+    return [*more_steps(x), *(per_step(x, p) for p in proposals), *unsized_causes(x, proposals)], declined
 
 
 TRACE_QUALITY = "trace_quality"
@@ -373,13 +311,14 @@ def more_steps(x: RuleInput) -> list[Proposal]:
         "record_more_steps", TRACE_QUALITY,
         "One step in the window: profile several steps before acting on a per-step gain",
         {"steps_in_window": len(x.report.steps), "step_source": x.report.step_source},
-        "with torch.profiler.profile(\n"
-        "    schedule=torch.profiler.schedule(wait=1, warmup=2, active=5),   # five steady steps\n"
-        "    on_trace_ready=torch.profiler.tensorboard_trace_handler(\"./traces\"),\n"
-        ") as prof:\n"
-        "    for batch in loader:\n"
-        "        train_step(batch)\n"
-        "        prof.step()                  # marks each step: ProfilerStep#N",
+        profile_loop(x.report.workload,
+                     "with torch.profiler.profile(\n"
+                     "    schedule=torch.profiler.schedule(wait=1, warmup=2, active=5),   # five steady steps\n"
+                     "    on_trace_ready=torch.profiler.tensorboard_trace_handler(\"./traces\"),\n"
+                     ") as prof:\n"
+                     "    for batch in loader:\n"
+                     "        train_step(batch)\n"
+                     "        prof.step()                  # marks each step: ProfilerStep#N"),
         Effect(reason="a recording advice: it saves nothing itself"), confidence="high",
     )]
 
@@ -396,14 +335,17 @@ PRESENT = 0.005
 
 def per_step(x: RuleInput, p: Proposal) -> Proposal:
     """``p`` as it is where each cause it removes recurs (:data:`RECUR_SHARE`); else with its gain not estimable and
-    the reason: one call in one step, or a window of one step, is no per-step cause."""
+    the reason: one call in one step, or a window of one step, is no per-step cause. A fix of busy time alone
+    (precision: the GEMMs' fp32 time) is a property of the kernels each step runs, estimable from one step; a fix
+    whose idle is an outlier but whose busy part recurs (pageable copies' device time every step) keeps that part."""
     steps = counted(x.report.steps, x.include_all)
     effect = p.effects.get(x.report.rank)
     if effect is None or effect.reason is not None:
         return p
-    if len(steps) < 2 and (effect.idle or effect.busy):
+    if len(steps) < 2 and effect.idle:  # busy time a fix shortens (GEMMs in fp32) is the kernels': in every step
         why = "one step in the window: a per-step gain needs its cause in several steps (profile more steps)"
         return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
+    outliers: dict[str, str] = {}
     for cause, seconds in effect.idle.items():
         if seconds <= 0:
             continue
@@ -412,12 +354,16 @@ def per_step(x: RuleInput, p: Proposal) -> Proposal:
         if present < max(RECUR_STEPS, RECUR_SHARE * len(steps)):
             named = ", ".join(f"step {s.step}: {s.idle_by_cause_s[cause] * 1e3:.2f} ms{_under(s, cause)}"
                               for s in where)
-            why = (f"{cause} is in {present} of {len(steps)} steady steps{f' ({named})' if named else ''}: not a "
-                   "per-step cause (an outlier, named once), so no per-step gain is taken from it")
-        else:
-            continue
-        return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
-    return p
+            outliers[cause] = (f"{cause} is in {present} of {len(steps)} steady steps{f' ({named})' if named else ''}: "
+                               "not a per-step cause (an outlier, named once), so no per-step gain is taken from it")
+    if not outliers:
+        return p
+    kept = {c: v for c, v in effect.idle.items() if c not in outliers}
+    if effect.busy > 0 or any(v > 0 for v in kept.values()):  # the rest of the effect recurs: it keeps its gain
+        p.rec.evidence["not_per_step"] = "; ".join(outliers.values())
+        return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, idle=kept)})
+    why = next(iter(outliers.values()))
+    return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
 
 
 def _under(step: StepReport, cause: str) -> str:

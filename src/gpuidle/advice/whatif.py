@@ -225,6 +225,12 @@ def _estimable(p: Proposal) -> bool:
     return all(e.reason is None for e in p.effects.values())
 
 
+def _claimed(p: Proposal) -> float:
+    """What a fix whose gain is not estimable claims of a step at its low end (the idle of the one step measured),
+    on the rank where it claims most: such fixes are listed in this order, the rank order kept between equals."""
+    return max((sum(e.at("low").idle.values()) + e.at("low").busy for e in p.effects.values()), default=0.0)
+
+
 def _is_modelled(p: Proposal) -> bool:
     return any(e.modelled for e in p.effects.values())
 
@@ -275,10 +281,9 @@ def _chain(merged: list[Proposal], model: Model) -> tuple[list[Recommendation], 
         applied.append((best, "nominal"))
         order.append(best)
         todo.remove(best)
-    for p in primaries:
-        if not _estimable(p):
-            _not_estimable(p, t0, u0)
-            order.append(p)
+    for p in sorted((p for p in primaries if not _estimable(p)), key=_claimed, reverse=True):
+        _not_estimable(p, t0, u0)
+        order.append(p)
     for alts in alternatives.values():
         for a in alts:
             _set_gain(a, model, t0, u0, alone[a.rec.id], None, [])

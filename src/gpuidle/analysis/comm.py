@@ -24,17 +24,8 @@ from gpuidle.analysis.idle import DeviceIdle
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import I64, CollectiveStat, CommReport, DeviceOpKind, Timeline
 from gpuidle.model.arrays import runs
+from gpuidle.model.comm_kernels import canonical_op, kernel_collective
 
-_CANONICAL = [
-    (re.compile(r"all_?reduce|cross_device_reduce", re.I), "all_reduce"),
-    (re.compile(r"all_?gather", re.I), "all_gather"),
-    (re.compile(r"reduce_?scatter", re.I), "reduce_scatter"),
-    (re.compile(r"all_?to_?all|sendrecv|dispatch|combine", re.I), "all_to_all"),  # MoE dispatch/combine (DeepEP)
-    (re.compile(r"broadcast", re.I), "broadcast"),
-    (re.compile(r"^reduce$|_reduce_|kernel_reduce", re.I), "reduce"),
-    (re.compile(r"barrier", re.I), "barrier"),
-    (re.compile(r"send|recv", re.I), "send_recv"),
-]
 _DTYPES = [
     (re.compile(r"^(b?float16|bf16|c10::bfloat16)$|bfloat|_bf16", re.I), "bfloat16"),
     (re.compile(r"^(half|float16|f16|c10::half)$|_f16\b|_half\b|_fp16", re.I), "float16"),
@@ -50,16 +41,6 @@ _DTYPES = [
 the ``_bf16``/``_f32``/``_int8_t`` of NCCL kernel names), one spelling each."""
 SIZE_BUCKETS = [(1 << 10, "<1KiB"), (64 << 10, "1KiB-64KiB"), (1 << 20, "64KiB-1MiB"),
                 (16 << 20, "1MiB-16MiB"), (256 << 20, "16MiB-256MiB"), (1 << 62, ">=256MiB")]
-
-
-@functools.lru_cache(maxsize=4096)
-def canonical_collective(name: str) -> str:
-    """A collective's name in one spelling (``all_reduce``, ``all_gather``...), the name itself where none fits.
-    Cached: a trace names a few collectives and dtypes many thousand times."""
-    for pattern, canon in _CANONICAL:
-        if pattern.search(name):
-            return canon
-    return name or "unknown"
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -112,7 +93,7 @@ def find_collectives(tl: Timeline, window: StepWindow, launchers: I64) -> Collec
     ops, host, calls = tl.device_ops, tl.host, tl.collectives
     rows = np.flatnonzero((ops.kind == DeviceOpKind.COLLECTIVE) & (ops.start < window.end) & (ops.end > window.start))
     rows = rows[np.argsort(ops.start[rows], kind="stable")]
-    kinds = [canonical_collective(_kernel_op(tl.strings[int(n)])) for n in ops.name[rows]]
+    kinds = [kernel_collective(tl.strings[int(n)]) for n in ops.name[rows]]
     dtypes = [canonical_dtype(tl.strings[int(n)]) for n in ops.name[rows]]
     groups = [""] * rows.size
     nbytes = np.full(rows.size, -1, dtype=np.int64)
@@ -122,7 +103,7 @@ def find_collectives(tl: Timeline, window: StepWindow, launchers: I64) -> Collec
         if c < 0:
             continue
         if calls.collective[c]:
-            kinds[i] = canonical_collective(calls.collective[c])
+            kinds[i] = canonical_op(calls.collective[c])
         groups[i] = calls.process_group[c]
         if c < len(calls.dtype) and canonical_dtype(calls.dtype[c]) != "unknown":
             dtypes[i] = canonical_dtype(calls.dtype[c])
@@ -136,16 +117,12 @@ def find_collectives(tl: Timeline, window: StepWindow, launchers: I64) -> Collec
                        dtypes)
 
 
-@functools.lru_cache(maxsize=4096)
-def _kernel_op(kernel: str) -> str:
-    m = re.search(r"(?:ncclKernel|ncclDevKernel)_([A-Za-z]+)", kernel)
-    return m.group(1) if m else kernel
-
-
 def _issuing_call(tl: Timeline, launchers: I64, rows: I64) -> I64:
     """For each collective kernel, the collective call whose host range contains its launch (same thread, ends
-    included); of several, the first that knows its size: ``record_param_comms`` and the ``nccl:*`` range nested
-    in it both contain the launch, and only one of them may carry the sizes.
+    included); of several, the first that names its collective, then the first that knows its size:
+    ``record_param_comms`` and the ``nccl:*`` range nested in it both contain the launch, and only one of them may
+    carry the sizes or the name (an older ``record_param_comms`` names none: its ``nccl:all_to_all`` tells that
+    NCCL's ``SendRecv`` kernel under it is an all-to-all).
 
     All at once: the launches sorted by (thread, time), each call covers a run of them (two binary searches), and
     each launch keeps the call of least rank in that order among those covering it."""
@@ -155,7 +132,8 @@ def _issuing_call(tl: Timeline, launchers: I64, rows: I64) -> I64:
     linked = np.flatnonzero(launch >= 0)
     if len(calls) == 0 or linked.size == 0:
         return out
-    order = np.argsort(~((calls.in_bytes >= 0) | (calls.out_bytes >= 0)), kind="stable")
+    unnamed = np.fromiter((not c for c in calls.collective), dtype=bool, count=len(calls))
+    order = np.argsort(2 * unnamed + ~((calls.in_bytes >= 0) | (calls.out_bytes >= 0)), kind="stable")
     h = calls.host_index[order]
     on_axis = thread_axis(host)
     point = on_axis(launch[linked], host.start[launch[linked]])

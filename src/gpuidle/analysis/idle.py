@@ -66,6 +66,9 @@ MIN_STAGING_BYTES_PER_NS = 1
 host-to-device copy call longer than its transfer, its bytes at this rate and the queue waited for something
 else (the stream's earlier work, an event) and is a wait, not copying."""
 STARTUP_LABEL = len(CAUSES)
+ZERO_GRAD_CAUSES = (Cause.LAUNCH_OVERHEAD, Cause.CPU_COMPUTE, Cause.UNATTRIBUTED)
+"""The idle under ``Optimizer.zero_grad`` that ``set_to_none`` removes: the fills' launches, the host's loop over the
+parameters between them (operators' own time, and the Python between them, unattributed without stacks)."""
 """The label of idle segments under start-up costs: past the causes, counted apart."""
 
 
@@ -87,7 +90,8 @@ class DeviceIdle(msgspec.Struct, frozen=True):
     step_startup: I64
     """Idle ns per step under start-up costs (in no cause)."""
     step_zero_grad: I64
-    """``launch_overhead`` ns per step under ``Optimizer.zero_grad`` ranges."""
+    """Idle ns per step and cause (:data:`ZERO_GRAD_CAUSES`) under ``Optimizer.zero_grad`` ranges: shape
+    ``(steps, len(CAUSES))``."""
     python: tuple[I64, I64, I64]
     """Idle segments charged to Python functions: ``(start, end, host row of the innermost function)``."""
     sync_sources: tuple[I64, I64, I64]
@@ -234,11 +238,12 @@ def _device_idle(
     step_of = np.clip(np.searchsorted(bounds, seg_s, side="right") - 1, 0, n_steps - 1)
     step_all = np.bincount(step_of * k + cause, weights=(seg_e - seg_s), minlength=n_steps * k).reshape(n_steps, k)
     step_idle, step_startup = step_all[:, :STARTUP_LABEL], step_all[:, STARTUP_LABEL]
-    launch_seg = cause == CAUSE_INDEX[Cause.LAUNCH_OVERHEAD]
     zero_grad = iv.union(*rows(feeding & zero_grad_name))
-    under_zero_grad = launch_seg & iv.covered(zero_grad, seg_s)
-    step_zero_grad = np.bincount(step_of[under_zero_grad], weights=(seg_e - seg_s)[under_zero_grad],
-                                 minlength=n_steps)
+    host_work = np.isin(cause, [CAUSE_INDEX[c] for c in ZERO_GRAD_CAUSES])
+    under_zero_grad = host_work & iv.covered(zero_grad, seg_s)
+    step_zero_grad = np.bincount(step_of[under_zero_grad] * k + cause[under_zero_grad],
+                                 weights=(seg_e - seg_s)[under_zero_grad], minlength=n_steps * k).reshape(n_steps, k)
+    step_zero_grad = step_zero_grad[:, :STARTUP_LABEL]
     py_seg = label == python_layer
     python = (seg_s[py_seg], seg_e[py_seg], innermost(host.start, host.end, np.flatnonzero(feeding & is_py),
                                                         seg_s[py_seg]))

@@ -91,8 +91,9 @@ def pipeline_pace(reports: list[RankReport], include_all: bool = False) -> tuple
 
 def expert_skew(reports: list[RankReport], include_all: bool = False) -> list[str]:
     """The rank the others wait for in their all-to-alls: the one whose own all-to-alls wait least (its
-    experts, given the most tokens, finish last), named where the ranks' exposed all-to-all per step differ by
-    :data:`SKEW_SHARE` of the step or more."""
+    experts, given the most tokens, or its embedding tables finish last), named where the ranks' exposed all-to-all
+    per step differ by :data:`SKEW_SHARE` of the step or more. A fact, not a remedy: the fix for the stack that ran
+    (an MoE router's balance, a recommender's sharding plan) is its rule's."""
     waits: dict[int, tuple[float, float]] = {}
     for r in reports:
         steps = counted(r.steps, include_all)
@@ -106,6 +107,4 @@ def expert_skew(reports: list[RankReport], include_all: bool = False) -> list[st
     if waits[most][0] - waits[least][0] < SKEW_SHARE * step:
         return []
     return [f"all-to-all: rank {least} waits least in its all-to-alls ({duration(waits[least][0])} a step against "
-            f"{duration(waits[most][0])} on rank {most}): the others wait for it; where its experts get the most "
-            "tokens, balance the router (Megatron-Core: moe_router_load_balancing_type, moe_aux_loss_coeff, "
-            "moe_expert_capacity_factor)"]
+            f"{duration(waits[most][0])} on rank {most}): the others wait for it"]

@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.hostwork import thread_axis
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow
-from gpuidle.model import CopyKind, DeviceOpKind, HostKind, KernelFacts, KernelStat, Timeline
+from gpuidle.model import I64, CopyKind, DeviceOpKind, HostKind, KernelFacts, KernelStat, Timeline
 
 SHORT_KERNEL_NS = 10_000
 TOP_KERNELS = 10
 
 
-def kernel_facts(tl: Timeline, names: NameClasses, window: StepWindow) -> KernelFacts:
+def kernel_facts(tl: Timeline, names: NameClasses, window: StepWindow, launchers: I64) -> KernelFacts:
     ops, host = tl.device_ops, tl.host
     in_window = (ops.start >= window.start) & (ops.start < window.end)
     kern = in_window & (ops.kind == DeviceOpKind.KERNEL)
@@ -49,7 +50,9 @@ def kernel_facts(tl: Timeline, names: NameClasses, window: StepWindow) -> Kernel
     copy_gbps = float(ops.nbytes[sized].sum()) / sized_ns if sized_ns > 0 else None
     launches = h_in & (host.kind == HostKind.RUNTIME) & names.launch_call[host.name]
     launch_dur = (host.end - host.start)[launches]
+    cast = _casts(tl, launchers, np.flatnonzero(kern))
     return KernelFacts(
+        cast_kernel_count=int(cast.sum()), cast_kernel_s=float(dur[cast].sum()) / 1e9,
         count=int(kern.sum()),
         total_s=total / 1e9,
         short_kernel_share=float(dur[short].sum()) / total if total else 0.0,
@@ -66,6 +69,29 @@ def kernel_facts(tl: Timeline, names: NameClasses, window: StepWindow) -> Kernel
         pageable_copy_s=exposed_copy_ns / 1e9,
         pageable_copy_gbps=round(copy_gbps, 2) if copy_gbps is not None else None,
     )
+
+
+CAST_OPS = frozenset({"aten::_to_copy", "aten::to", "aten::_autocast_to_reduced_precision",
+                      "aten::_autocast_to_full_precision"})
+"""Operators that convert a tensor's dtype: a kernel launched inside one is a cast (autocast's re-casts of fp32
+weights and activations to 16 bits at each use among them)."""
+
+
+def _casts(tl: Timeline, launchers: I64, kernels: I64) -> np.ndarray:
+    """For each of ``kernels``, whether its launch lies inside a dtype-converting operator on its own thread."""
+    host = tl.host
+    inside = np.zeros(kernels.size, dtype=bool)
+    ids = [i for i, s in enumerate(tl.strings) if s in CAST_OPS]
+    calls = launchers[kernels]
+    linked = calls >= 0
+    if not ids or not linked.any():
+        return inside
+    on_axis = thread_axis(host)
+    rows = np.flatnonzero((host.kind == HostKind.OP) & np.isin(host.name, ids))
+    casts = iv.union(on_axis(rows, host.start[rows]), on_axis(rows, host.end[rows]))
+    at = calls[linked]
+    inside[linked] = iv.covered(casts, on_axis(at, host.start[at]))
+    return inside
 
 
 def _id(tl: Timeline, name: str) -> int:

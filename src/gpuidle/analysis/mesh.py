@@ -15,10 +15,12 @@ from typing import Any
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
-from gpuidle.analysis.comm import Collectives, canonical_collective, split_by_key
+from gpuidle.analysis.comm import Collectives, split_by_key
 from gpuidle.analysis.hostwork import innermost
 from gpuidle.analysis.idle import DeviceIdle
+from gpuidle.analysis.stack import libraries
 from gpuidle.model import I64, Timeline
+from gpuidle.model.comm_kernels import canonical_op
 from gpuidle.model.mesh import DIMENSIONS, SHAPE, MeshDim
 
 _MEGATRON = [(re.compile(p), dim) for p, dim in (
@@ -59,12 +61,15 @@ def dimension_of_group(desc: str) -> str | None:
 def group_dimensions(desc: str) -> frozenset[str]:
     """Every dimension a group's description names: one for most, two for a flattened group (torchtitan's
     ``mesh_dp_shard_cp``, Megatron-Core's ``DATA_PARALLEL_GROUP_WITH_CP``, ``TENSOR_AND_CONTEXT_PARALLEL_GROUP``),
-    whose size and place are no single dimension's."""
+    whose size and place are no single dimension's. Megatron-Core's expert groups
+    (``EXPERT_DATA_PARALLEL_GROUP``, ``EXPERT_TENSOR_PARALLEL_GROUP``) name ``ep`` beside their own dimension: they
+    split the expert layers' ranks, not the dense layers', so an 8-rank job's ``DATA_PARALLEL_GROUP`` of 8 and
+    ``EXPERT_DATA_PARALLEL_GROUP`` of 2 is data parallel 8, never 16."""
     if desc.startswith("mesh_"):
         words = set(desc[len("mesh_"):].lower().split("_"))
         return frozenset(dim for names, dim in _MESH_WORDS if words & names)
     named = set()
-    if "EXPERT_MODEL" in desc or "EXPERT_TENSOR_AND_MODEL" in desc:
+    if "EXPERT" in desc:  # the expert layers' own mesh (ep × expert tp × expert dp): no dense dimension's size
         named.add("ep")
     for word, dim in (("TENSOR", "tp"), ("DATA", "dp"), ("CONTEXT", "cp"), ("_WITH_CP", "cp"), ("PIPELINE", "pp"),
                       ("EMBEDDING", "pp")):
@@ -148,11 +153,6 @@ def collective_dimensions(facts: dict[str, _Group], world: int | None, kinds: li
     return out
 
 
-MOE_NAMES = re.compile(r"moe|expert|router|deepep|topk_softmax|token_dispatch|grouped_?gemm", re.I)
-"""Names a mixture-of-experts model leaves in a trace: Megatron-Core's ``MoELayer``/``TopKRouter``, vLLM's and
-SGLang's ``fused_moe`` kernels, DeepEP, grouped GEMMs."""
-
-
 def _world_is_data_parallel(dims: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """In a job with no dimension but the whole world, the world is data parallel: inferred, with the evidence."""
     return [("dp", f"inferred: {source.removeprefix('inferred: ')}, and no other dimension") if dim == "world"
@@ -161,7 +161,7 @@ def _world_is_data_parallel(dims: list[tuple[str, str]]) -> list[tuple[str, str]
 
 def mixture_of_experts(tl: Timeline) -> bool:
     """The trace names a mixture-of-experts layer, router or kernel anywhere."""
-    return any(MOE_NAMES.search(name) for name in tl.strings)
+    return "moe" in libraries(tl)
 
 
 DimSegments = tuple[I64, I64, I64, np.ndarray]
@@ -176,7 +176,7 @@ def mesh_dims(tl: Timeline, coll: Collectives, device: DeviceIdle, bounds: I64,
     ``unknown``; ``under``: that idle's segments with their collective (:func:`collective_under`). The
     dimensions' idle adds up to the cause's, step by step."""
     calls = tl.collectives
-    call_kinds = [canonical_collective(c) for c in calls.collective]
+    call_kinds = [canonical_op(c) for c in calls.collective]
     moe = "all_to_all" in {*call_kinds, *coll.collective} and mixture_of_experts(tl)  # the names read only if asked
     facts = groups_by_name(tl.meta.process_groups)
     world = tl.meta.world_size

@@ -81,18 +81,38 @@ class Arrival(msgspec.Struct, frozen=True):
 def _keyed(ra: RankAnalysis) -> list[tuple[int, tuple[int, str, int]]]:
     """The rank's collectives on its training device, each with its cross-rank key
     (step number, process group, order within the step and group). Send/recv is left out: it pairs two ranks,
-    not a group, and a pipeline stage's wait on its neighbour is its bubble, not a late rank's."""
+    not a group, and a pipeline stage's wait on its neighbour is its bubble, not a late rank's. In a pipeline
+    a collective is matched only with the ranks of its own stage: the schedule brings the stages to a
+    collective they share (the embedding group's all-reduce, the world's after the flush) in its own order,
+    the first stage last, and that order is no rank's lateness."""
     c = ra.collectives
+    stage = _stage(ra)
     seen: dict[tuple[int, str], int] = defaultdict(int)
     out = []
     for i in np.flatnonzero(c.device == ra.primary_device):
         if c.collective[i] == "send_recv":
             continue
         step = int(ra.step_numbers[c.step[i]]) if ra.step_numbers.size else 0
-        group = c.process_group[i] or "default"
+        group = (c.process_group[i] or "default") + stage
         out.append((int(i), (step, group, seen[(step, group)])))
         seen[(step, group)] += 1
     return out
+
+
+def _stage(ra: RankAnalysis) -> str:
+    """The rank's pipeline stage as a suffix of its collectives' keys: empty outside a pipeline; the rank itself
+    where its stage is not told (it is then matched with no other rank)."""
+    pp = next((m for m in ra.report.communication.mesh if m.dim == "pp"), None)
+    if pp is None:
+        return ""
+    return f"@pp{pp.coordinate}" if pp.coordinate is not None else f"@rank{ra.report.rank}"
+
+
+def enough_steps(ranks: list[RankAnalysis], include_all: bool = False) -> bool:
+    """The ranks share enough steady steps to tell a late rank from one step's arrival skew: with fewer, a
+    collective's wait is when each rank happened to start its step, and it stays communication."""
+    own = {ra.report.rank: own_step_times(ra.report, include_all) for ra in ranks}
+    return len(_shared(own)[0]) >= MIN_STRAGGLER_STEPS
 
 
 def match_collectives(ranks: list[RankAnalysis]) -> list[Arrival]:
@@ -197,10 +217,13 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int], include_all: bo
     if missing:
         notes.append(f"{len(found)} of {world} ranks present: waits are relative to the ranks present")
         notes += mesh_gaps([r.communication.mesh for r in reports], set(found))
-    skew = expert_skew(reports, include_all)  # before the waits for a late rank are moved out of communication
+    enough = enough_steps(ranks, include_all)  # else one step's waits are arrival skew: no rank is named for them
+    # before the waits for a late rank are moved out of communication
+    skew = expert_skew(reports, include_all) if enough else []
     arrivals = match_collectives(ranks)
-    for ra in ranks:
-        apply_straggler_wait(ra, arrivals)
+    if enough:
+        for ra in ranks:
+            apply_straggler_wait(ra, arrivals)
 
     own = {r.rank: own_step_times(r, include_all) for r in reports}
     last_by_step: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
@@ -212,7 +235,8 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int], include_all: bo
     stragglers = [x for x in stragglers if x.rank not in stage_ranks]
     if len(_shared(own)[0]) < MIN_STRAGGLER_STEPS:
         notes.append(f"{TOO_FEW_STEPS}: {len(_shared(own)[0])} steady step(s) shared by all ranks, "
-                     f"at least {MIN_STRAGGLER_STEPS} needed")
+                     f"at least {MIN_STRAGGLER_STEPS} needed; the waits at the collectives are the ranks' "
+                     "arrival skew and stay communication")
 
     return JobReport(
         world_size=world, ranks_found=found, missing_ranks=missing, duplicate_ranks=duplicates,

@@ -244,8 +244,9 @@ def steady_state(dur: npt.ArrayLike, disturbed: npt.ArrayLike | None = None,
     ``profiler`` for steps a profiler started, ran or stopped in (``disturbed``); then,
     with at least three steps, a step beyond ``median + max(5 · 1.4826 · MAD, 25 % of
     the median)`` of the other steps is ``warmup`` when no steady step came before it
-    (cudnn autotuning, lazy init, allocator growth), else ``outlier``. The median and
-    MAD are robust: up to half the steps can be slow without moving them. With ``busy``
+    (cudnn autotuning, lazy init, allocator growth), else ``outlier``; a long step that recurs (two others within
+    15 % of it) is the loop's rhythm and stays steady. The median and MAD are robust: up to half the steps can be
+    slow without moving them. With ``busy``
     the same bound applies to each step's busy time too: a step of ordinary length whose
     compute phases held a one-time wait (DDP rebuilding its buckets in the second step's
     forward waits there for every rank) is not a steady step either; that excess must also
@@ -260,15 +261,35 @@ def steady_state(dur: npt.ArrayLike, disturbed: npt.ArrayLike | None = None,
     rest = np.flatnonzero(~prof)
     if rest.size < MIN_STEPS_TO_JUDGE:
         return out
-    beyond = _beyond(d, rest)
+    long = _beyond(d, rest)
+    beyond = long.copy()
     if busy is not None:
         beyond |= _beyond(np.asarray(busy, dtype=np.float64), rest, MIN_EXCESS * float(np.median(d[rest])))
+    settled = rest[np.flatnonzero(~beyond[rest])]
+    # after the first steady step, a long step that recurs is the loop's rhythm (warm-up steps never count)
+    rhythm = _recurs(d, rest[rest >= settled[0]]) & long if settled.size else np.zeros_like(long)
     steady_seen = False
     for i in rest:
-        if beyond[i]:
+        if beyond[i] and not (steady_seen and rhythm[i]):
             out[i] = OUTLIER if steady_seen else WARMUP
         else:
             steady_seen = True
+    return out
+
+
+RECUR_ALIKE = 0.15
+RECUR_OTHERS = 2
+"""A long step with at least two others within 15 % of its length is the loop's rhythm (a DataLoader's worker pool
+refilling every few steps), not an outlier: its time is paid again and again, and belongs in the per-step mean."""
+
+
+def _recurs(values: npt.NDArray[np.float64], rest: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+    """Which steps have at least :data:`RECUR_OTHERS` other steps of ``rest`` within :data:`RECUR_ALIKE` of their
+    value."""
+    v = np.sort(values[rest])
+    low = np.searchsorted(v, values * (1 - RECUR_ALIKE), side="left")
+    high = np.searchsorted(v, values * (1 + RECUR_ALIKE), side="right")
+    out: npt.NDArray[np.bool_] = high - low - 1 >= RECUR_OTHERS  # less the step itself
     return out
 
 

@@ -89,12 +89,15 @@ def _step_reports(number: I64, bounds: I64, span: I64, primary: DeviceIdle,
     start, dur, busy = _seconds(bounds[:-1]), _seconds(span), _seconds(primary.step_busy)
     idle = _seconds(primary.step_idle.sum(axis=1))
     by_cause: list[list[float]] = (primary.step_idle.astype(np.float64) / 1e9).tolist()
-    startup, zero_grad = _seconds(primary.step_startup), _seconds(primary.step_zero_grad)
+    startup = _seconds(primary.step_startup)
+    zero_grad = _seconds(primary.step_zero_grad[:, CAUSE_INDEX[Cause.LAUNCH_OVERHEAD]])
+    zero_grad_by_cause: list[list[float]] = (primary.step_zero_grad.astype(np.float64) / 1e9).tolist()
     return [
         StepReport(
             step=n, start_s=start[i], dur_s=dur[i], busy_s=busy[i], idle_s=idle[i],
             idle_by_cause_s=dict(zip(causes, by_cause[i], strict=True)), excluded=excluded[i],
             startup_s=startup[i], exposed_comm_s=by_collective[i], zero_grad_launch_s=zero_grad[i],
+            zero_grad_s={c: v for c, v in zip(causes, zero_grad_by_cause[i], strict=True) if v},
             main_calls=calls[i], comm_by_dim_s=by_dim[i],
         )
         for i, n in enumerate(number.tolist())
@@ -107,7 +110,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     window = step_window(tl, names, launchers)
     startup = find_startup(tl, names, window, launchers)
     idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges())
-    kernels = kernel_facts(tl, names, window)
+    kernels = kernel_facts(tl, names, window, launchers)
     coll = find_collectives(tl, window, launchers)
     primary = max(idle, key=lambda d: (d.busy_ns, -d.device))
     communication = comm_report(tl, window, idle, coll)

@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuidle.analysis.names import NameClasses
+from gpuidle.analysis.stack import libraries
 from gpuidle.model import I64, DeviceOpKind, HostKind, Timeline, Workload
 
 MIN_GRAPH_SHARE = 0.5
@@ -33,7 +34,7 @@ def workload(tl: Timeline, names: NameClasses, launchers: I64) -> Workload | Non
     else:
         execution = "eager"
     engine = _engine(tl, names, named) or _engine(tl, names, ops.name[kernels])
-    return Workload(mode=mode, execution=execution, engine=engine)
+    return Workload(mode=mode, execution=execution, engine=engine, libraries=libraries(tl))
 
 
 ENGINES = ("vllm", "sglang")

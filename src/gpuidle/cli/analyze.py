@@ -58,6 +58,8 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
     an.add_argument("--out-dir", metavar="DIR",
                     help="for a folder of jobs: write each job's report to DIR/JOB.json (.md, .txt with --format)")
     an.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    an.add_argument("--explain", action="store_true",
+                    help="also list the fixes measured but not offered, each with the precondition that failed")
     an.add_argument("--include-warmup", action="store_true",
                     help="keep warm-up, profiler and outlier steps in per-step figures and gains "
                          "(default: steady-state steps only)")
@@ -155,6 +157,19 @@ def _counter_log(path: str) -> bool:
     return True
 
 
+def _explain(report: AnalysisReport) -> None:
+    """The fixes not offered, one line per fix and failed precondition with the ranks it failed on."""
+    from gpuidle.report.text import printable
+
+    ranks: dict[tuple[str, str], list[int]] = {}
+    for d in report.declined:
+        ranks.setdefault((d.id, d.check), []).append(d.rank)
+    print("not offered:" if ranks else "not offered: none (every fix measured had its preconditions)")
+    for (rule, check), where in ranks.items():
+        on = f"rank {where[0]}" if len(where) == 1 else f"ranks {', '.join(map(str, sorted(set(where))))}"
+        print(printable(f"  {rule} ({on}): needs {check}"))
+
+
 def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
                 analyses: Sequence[RankAnalysis] = ()) -> int:
     from gpuidle import api
@@ -173,6 +188,8 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
         from gpuidle.report.registry import renderer_class
 
         emit(renderer_class(fmt)().render(report, options), args.out)
+    if args.explain:
+        _explain(report)
     if pages or args.annotate:
         timeline = api.timeline_for(report, analyses=analyses)
         if timeline.note:

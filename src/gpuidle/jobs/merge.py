@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpuidle.advice.cuda import CUDA_APPLICATION, for_cuda
-from gpuidle.advice.frameworks import in_framework
-from gpuidle.advice.rules import recommend, straggler_recommendations
-from gpuidle.advice.whatif import Proposal, plan
+from gpuidle.advice.advise import advise, framework_of
 from gpuidle.analysis.ranks import job_report
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.errors import GpuidleError
@@ -38,23 +35,15 @@ def merge_job(
     analyses = sorted((o.analysis for o in good if o.analysis is not None), key=lambda a: a.report.rank)
     analyses, duplicates = _dedupe_ranks(analyses, warn)
     job = job_report(analyses, duplicates, include_warmup) if len(analyses) > 1 else None
-    proposals: list[Proposal] = []
-    for a in analyses:
-        proposals.extend(recommend(a.report, a.accumulation_repeats, include_all=include_warmup))
     reports = [a.report for a in analyses]
-    if job is not None:
-        proposals.extend(straggler_recommendations(job, reports, include_warmup))
     framework = _one({o.framework for o in good})
-    if framework == CUDA_APPLICATION:
-        proposals = for_cuda(proposals)
-    proposals = in_framework(proposals, framework)
-    recs, combined = plan(proposals, reports, include_warmup, job)
-    first = {"record_more_steps"} | ({"record_cpu_activity"} if any(r.unmeasured for r in reports) else set())
-    recs = sorted(recs, key=lambda x: x.id not in first)  # how to measure what is missing comes first
+    advice = advise(reports, job, framework_of({o.framework for o in good}), include_warmup,
+                    {a.report.rank: a.accumulation_repeats for a in analyses})
     return AnalysisReport(
         source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
                       skipped=skipped, framework=framework),
-        ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
+        ranks=reports, job=job, recommendations=advice.recommendations, combined=advice.combined,
+        declined=advice.declined, include_warmup=include_warmup,
     )
 
 

@@ -95,6 +95,9 @@ class StepReport(msgspec.Struct):
     ``all_to_all:int8``; ``unknown`` where the trace does not say)."""
     zero_grad_launch_s: float = 0.0
     """The part of ``launch_overhead`` under an ``Optimizer.zero_grad`` range (per-parameter fills)."""
+    zero_grad_s: dict[str, float] = {}
+    """The idle under an ``Optimizer.zero_grad`` range by cause: the fills' launches (``launch_overhead``, as
+    ``zero_grad_launch_s``), the host's loop over the parameters (``cpu_compute``, ``unattributed``)."""
     comm_by_dim_s: dict[str, float] = {}
     """The step's ``communication`` idle by parallel dimension (``tp``, ``dp``...: ``CommReport.mesh``)."""
     main_calls: dict[str, StepCall] = {}
@@ -131,6 +134,11 @@ class KernelFacts(msgspec.Struct):
     what pinning that memory can shorten."""
     pageable_copy_gbps: float | None = None
     """Those copies' bandwidth, their bytes over their device time (GB/s); None where no bytes are recorded."""
+    cast_kernel_count: int = 0
+    """Kernels launched inside a dtype-converting operator (``aten::_to_copy``, ``aten::to``): casts, autocast's
+    re-casts of the same fp32 weights at every use among them."""
+    cast_kernel_s: float = 0.0
+    """Their device time in the window."""
 
 
 class CollectiveStat(msgspec.Struct):
@@ -220,6 +228,9 @@ class Workload(msgspec.Struct):
     """``eager``, ``compiled`` (torch.compile regions, Triton kernels) or ``cuda_graphs`` (graph launches)."""
     engine: str | None = None
     """A serving engine named in the trace: ``vllm``, ``sglang``."""
+    libraries: list[str] = msgspec.field(default_factory=list)
+    """The libraries the trace's names show: ``torchrec``, ``moe`` (a mixture-of-experts model), ``megatron``,
+    ``deepspeed``."""
 
 
 class PythonHotspot(msgspec.Struct):
@@ -317,6 +328,15 @@ class Recommendation(msgspec.Struct):
     rank: int | None = None
     alternative_to: str | None = None
     """Id of the fix that claims the same idle; this one is another way to recover it, not an addition."""
+
+
+class Declined(msgspec.Struct):
+    """A fix a rule measured but did not offer: one of its preconditions does not hold on this trace."""
+
+    id: str
+    rank: int
+    check: str
+    """The precondition that failed, in words."""
 
 
 class Combined(msgspec.Struct):
@@ -457,6 +477,8 @@ class AnalysisReport(JsonStruct, kw_only=True):
     cost: CostResult | None = None
     """Present when a price per GPU-hour was given."""
     combined: Combined | None = None
+    declined: list[Declined] = msgspec.field(default_factory=list)
+    """The fixes measured but not offered, each with the precondition that failed (``--explain``)."""
     include_warmup: bool = False
     """True: steps marked ``excluded`` still count in per-step figures and gains (``--include-warmup``)."""
     scale_out: ScaleOut | None = None

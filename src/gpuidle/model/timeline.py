@@ -22,7 +22,7 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 11
+SCHEMA_MINOR = 12
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
 ``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
 3: ``source.framework``; 4: ``ranks[].backend``; 5: gains' ``step_s_saved_low``/``_high``, ``basis``,
@@ -34,7 +34,7 @@ all-reduces, once read as DDP; 7: ``communication.settings``, the framework's se
 8: ``devices[].window_s`` is the window less its start-up, ``busy_s + idle_s = window_s``: a report of an
 earlier minor is read so; 9: ``ranks[].sync_sources``, step sources ``device_steps``, ``engine_iterations``,
 ``named_ranges``; 10: ``steps[].main_calls``, ``communication.mesh``, ``steps[].comm_by_dim_s``; 11: ``scale_out``,
-the job at more GPUs)."""
+the job at more GPUs; 12: ``declined``, ``steps[].zero_grad_s``, ``ranks[].workload.libraries``)."""
 WINDOW_LESS_STARTUP = 8
 """The minor from which ``devices[].window_s`` leaves start-up out."""
 

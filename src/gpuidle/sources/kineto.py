@@ -12,7 +12,6 @@ into numpy columns; no per-event object survives a chunk.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +31,7 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.model.arrays import distinct
+from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
 from gpuidle.model.name_search import found_in
 from gpuidle.sources import step_markers
 from gpuidle.sources.job_facts import check_job_facts
@@ -39,14 +39,6 @@ from gpuidle.sources.kernel_arch import kernel_arch_by_device
 from gpuidle.sources.kineto_columns import MAX_SPAN_US
 from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.kineto_read import read_columns
-
-_COLLECTIVE_KERNEL = re.compile(
-    r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel|^msccl|mscclpp|deep_ep::|pplx::|nvshmemi?_|\bucc_"
-    r"|cross_device_reduce|custom_?all_?reduce|(one|two)_shot_all_reduce|multimem_(all_reduce|all_gather|reduce)",
-    re.IGNORECASE,
-)
-"""Communication kernels: NCCL/RCCL, MSCCL and MSCCL++, DeepEP's and pplx's expert dispatch and combine,
-NVSHMEM-based kernels, UCC's, vLLM's custom all-reduce and PyTorch's symmetric-memory all-reduce kernels."""
 
 FORMAT = "kineto"
 
@@ -63,10 +55,6 @@ def copy_kind(name: str) -> CopyKind:
     if "DtoD" in name or "PtoP" in name:
         return CopyKind.DTOD
     return CopyKind.OTHER
-
-
-def is_collective_kernel(name: str) -> bool:
-    return bool(_COLLECTIVE_KERNEL.search(name))
 
 
 def _to_ns(us: npt.NDArray[np.float64]) -> I64:
@@ -122,7 +110,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     kind = d["kind"].astype(np.int8)
     kernel_names = distinct(names[kind == DeviceOpKind.KERNEL])
     collective_name = np.zeros(len(strings), bool)
-    collective_name[kernel_names] = found_in([strings[n] for n in kernel_names.tolist()], _COLLECTIVE_KERNEL)
+    collective_name[kernel_names] = found_in([strings[n] for n in kernel_names.tolist()], COLLECTIVE_KERNEL)
     copy_of_name = np.zeros(len(strings), np.int8)
     for n in distinct(names[kind == DeviceOpKind.MEMCPY]).tolist():
         copy_of_name[n] = copy_kind(strings[n])

@@ -41,9 +41,9 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.model.arrays import distinct
+from gpuidle.model.comm_kernels import is_collective_kernel
 from gpuidle.sources import nsys_db, step_markers
 from gpuidle.sources.job_facts import check_job_facts
-from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.kineto_columns import check_span
 from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.nsys_db import Tables

@@ -47,8 +47,8 @@ from gpuidle.model import (
     TraceMeta,
 )
 from gpuidle.model.arrays import distinct
+from gpuidle.model.comm_kernels import is_collective_kernel
 from gpuidle.sources import step_markers, xplanes
-from gpuidle.sources.kineto import is_collective_kernel
 from gpuidle.sources.kineto_columns import check_span
 from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.xplanes import Line, Plane, Space
