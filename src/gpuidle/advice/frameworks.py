@@ -108,13 +108,6 @@ TENSORFLOW: dict[str, Wording | None] = {
         "Communication takes as long as compute: more work per all-reduce",
         "# raise the per-GPU batch (scale the learning rate linearly), or accumulate gradients:\n"
         "optimizer = tf.keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=4)"),
-    "record_more_steps": Wording(
-        "One step in the window: profile several steps before acting on a per-step gain",
-        "tf.profiler.experimental.start(\"logs\")\n"
-        "for step, (x, y) in enumerate(dataset.take(7)):\n"
-        "    with tf.profiler.experimental.Trace(\"train\", step_num=step, _r=1):   # marks each step\n"
-        "        train_step(x, y)\n"
-        "tf.profiler.experimental.stop()"),
     "record_cpu_activity": Wording(
         "The profile cannot explain most of the idle time: record host activity with it",
         "options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=1,\n"
@@ -206,13 +199,6 @@ JAX: dict[str, Wording | None] = {
         "# raise the per-GPU batch (scale the learning rate linearly), or accumulate micro-batches with\n"
         "# jax.lax.scan and all-reduce once; overlap the rest:\n"
         "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python train.py"),
-    "record_more_steps": Wording(
-        "One step in the window: profile several steps before acting on a per-step gain",
-        "with jax.profiler.trace(\"logs\"):\n"
-        "    for step in range(7):\n"
-        "        with jax.profiler.StepTraceAnnotation(\"train\", step_num=step):   # marks each step\n"
-        "            state, loss = train_step(state, next(batches))\n"
-        "    jax.block_until_ready(loss)"),
     "record_cpu_activity": Wording(
         "The profile cannot explain most of the idle time: record host activity with it",
         "options = jax.profiler.ProfileOptions()\n"
@@ -348,9 +334,6 @@ KERAS: dict[str, Wording | None] = {
         "Communication takes as long as compute: more work per all-reduce, overlapped",
         "optimizer = keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=4)   # or a larger batch\n"
         "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python train.py"),
-    "record_more_steps": Wording(
-        "One step in the window: profile several steps before acting on a per-step gain",
-        "model.fit(dataset, epochs=1, callbacks=[keras.callbacks.TensorBoard(\"logs\", profile_batch=(10, 15))])"),
     "record_cpu_activity": Wording(
         UNEXPLAINED_BY_TRACKER,
         "options = jax.profiler.ProfileOptions()\n"

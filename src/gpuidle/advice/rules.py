@@ -293,49 +293,22 @@ PROFILE_ARGS = (
 
 
 def explain_unattributed(x: RuleInput) -> list[Proposal]:
-    """When the trace cannot say why the device waits, say what it lacks and how to record it."""
+    """When a tracker run cannot say why the device waits, how to record a profile that can. A trace's own gaps are
+    said as what it cannot tell (:mod:`gpuidle.analysis.trace_quality`), never as a fix."""
     un = x.idle(Cause.UNATTRIBUTED)
     idle = sum(v for k, v in x.state.idle.items() if k != Cause.STRAGGLER_WAIT.value)
-    if un <= 0 or x.share(Cause.UNATTRIBUTED) < MIN_SHARE:
+    if x.report.host_events is not None or un <= 0 or x.share(Cause.UNATTRIBUTED) < MIN_SHARE:
         return []
     largest = max(x.state.idle, key=lambda c: x.state.idle[c])
     if largest != Cause.UNATTRIBUTED.value and un <= idle / 2:
         return []
-    ev = x.report.host_events
-    if ev is None:
-        missing = ["step timing cannot split idle into launch overhead, host syncs and host work"]
-        fix = "tracker.profile(steps=range(100, 105))   # a profiler trace of 5 steps, for gpuidle analyze\n" \
-              "# it records as:\n" + "\n".join("# " + line for line in PROFILE_ARGS.splitlines())
-    else:
-        missing = []
-        if ev.get("cpu_ops", 0) == 0:
-            missing.append("no CPU operators (ProfilerActivity.CPU was not recorded)")
-            if ev.get("annotations", 0):
-                missing.append(f"{ev['annotations']} host ranges recorded: the idle falls outside them")
-        if ev.get("runtime_calls", 0) == 0:
-            missing.append("no CUDA/HIP runtime calls")
-        elif ev.get("linked_launches", 0) == 0:
-            missing.append("no runtime call is linked to a kernel (no correlation ids)")
-        if ev.get("graph_or_driver_launches", 0):
-            missing.append(f"{ev['graph_or_driver_launches']} launches through CUDA graphs or the driver API: "
-                           "their kernels have no operator")
-        if not missing:
-            missing.append("the host is between operators and outside the recorded Python frames (another thread, "
-                           "the GIL, or a process the trace does not record)" if x.python_stacks else
-                           "the host is between operators (Python, or a thread the trace does not record)")
-        fix = PROFILE_ARGS
-        if x.python_stacks:  # asked for what is there: say so and do not ask again
-            fix = fix.replace("    with_stack=True,           # Python stacks of the operators: where the host "
-                              "time goes\n", "")
-            missing.append(f"{ev['python_functions']} Python frames recorded (with_stack is on)")
-        if x.inference:
-            fix = fix.replace("    for batch in loader:\n        train_step(batch)\n",
-                              "    for batch in requests:\n        model(batch)\n")
+    fix = "tracker.profile(steps=range(100, 105))   # a profiler trace of 5 steps, for gpuidle analyze\n" \
+          "# it records as:\n" + "\n".join("# " + line for line in PROFILE_ARGS.splitlines())
     return [x.rec(
-        "record_cpu_activity", Cause.UNATTRIBUTED, UNEXPLAINED_BY_TRACKER if ev is None else
-        "The trace cannot explain most of the idle time: record host activity with it",
+        "record_cpu_activity", Cause.UNATTRIBUTED, UNEXPLAINED_BY_TRACKER,
         {"unattributed_ms_per_step": _ms(un), "unattributed_share_of_idle": round(un / idle, 3) if idle else None,
-         "missing": missing, "recorded_by": "step tracker" if ev is None else "trace"},
+         "missing": ["step timing cannot split idle into launch overhead, host syncs and host work"],
+         "recorded_by": "step tracker"},
         fix, Effect(reason="the trace does not say what the host did while the device waited"),
     )]
 
@@ -358,30 +331,7 @@ def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rul
     x = RuleInput(report, report.primary(), rank_state(report, include_all),
                   len(counted(report.steps, include_all)), accumulation_repeats, include_all)
     proposals = [p for rule in rules for p in rule(x)]
-    return [*more_steps(x), *(per_step(x, p) for p in proposals), *unsized_causes(x, proposals)]
-
-
-TRACE_QUALITY = "trace_quality"
-"""The cause of a fix to the recording itself: it removes no idle, it makes the idle measurable."""
-
-
-def more_steps(x: RuleInput) -> list[Proposal]:
-    """A window of one step holds no steady step to take a per-step gain from: say so, and how to record more."""
-    if len(counted(x.report.steps, x.include_all)) >= 2 or x.device.idle_s <= 0:
-        return []
-    return [x.rec(
-        "record_more_steps", TRACE_QUALITY,
-        "One step in the window: profile several steps before acting on a per-step gain",
-        {"steps_in_window": len(x.report.steps), "step_source": x.report.step_source},
-        "with torch.profiler.profile(\n"
-        "    schedule=torch.profiler.schedule(wait=1, warmup=2, active=5),   # five steady steps\n"
-        "    on_trace_ready=torch.profiler.tensorboard_trace_handler(\"./traces\"),\n"
-        ") as prof:\n"
-        "    for batch in loader:\n"
-        "        train_step(batch)\n"
-        "        prof.step()                  # marks each step: ProfilerStep#N",
-        Effect(reason="a recording advice: it saves nothing itself"), confidence="high",
-    )]
+    return [*(per_step(x, p) for p in proposals), *unsized_causes(x, proposals)]
 
 
 RECUR_STEPS = 2
@@ -401,8 +351,10 @@ def per_step(x: RuleInput, p: Proposal) -> Proposal:
     effect = p.effects.get(x.report.rank)
     if effect is None or effect.reason is not None:
         return p
-    if len(steps) < 2 and (effect.idle or effect.busy):
-        why = "one step in the window: a per-step gain needs its cause in several steps (profile more steps)"
+    if len(steps) < 2 and any(v > 0 for v in effect.idle.values()):
+        causes = ", ".join(c for c, v in effect.idle.items() if v > 0)
+        why = (f"one step in the window: whether its {causes} idle recurs each step cannot be shown, so no per-step "
+               "gain is taken from it")
         return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
     for cause, seconds in effect.idle.items():
         if seconds <= 0:

@@ -22,6 +22,7 @@ from gpuidle.analysis.sharded import classify, role_split
 from gpuidle.analysis.startup import Startup, find_startup
 from gpuidle.analysis.step_calls import main_calls
 from gpuidle.analysis.steps import NO_GPU_WORK, steady_state, step_window, truncated_edges
+from gpuidle.analysis.trace_quality import rank_quality
 from gpuidle.analysis.workload import workload
 from gpuidle.model import (
     CAUSES,
@@ -123,6 +124,7 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         python_hotspots=python_hotspots(tl, primary), sync_sources=sync_sources(tl, primary),
         unmeasured=[HOST_ACTIVITY] if not (events["cpu_ops"] or events["runtime_calls"]) and primary.idle_ns else [],
     )
+    report.quality = rank_quality(tl, names, window, report)
     step_of = np.clip(np.searchsorted(bounds, seg_s[exposed], side="right") - 1, 0, bounds.size - 2)
     on_primary = coll.device == primary.device
     return RankAnalysis(

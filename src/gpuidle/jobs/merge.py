@@ -11,6 +11,7 @@ from gpuidle.advice.rules import recommend, straggler_recommendations
 from gpuidle.advice.whatif import Proposal, plan
 from gpuidle.analysis.ranks import job_report
 from gpuidle.analysis.summary import RankAnalysis
+from gpuidle.analysis.trace_quality import job_quality
 from gpuidle.errors import GpuidleError
 from gpuidle.jobs.rank import RankOutcome
 from gpuidle.model import HOST_RANK_NOTE, XSPACE_FORMAT, AnalysisReport, Source
@@ -49,12 +50,11 @@ def merge_job(
         proposals = for_cuda(proposals)
     proposals = in_framework(proposals, framework)
     recs, combined = plan(proposals, reports, include_warmup, job)
-    first = {"record_more_steps"} | ({"record_cpu_activity"} if any(r.unmeasured for r in reports) else set())
-    recs = sorted(recs, key=lambda x: x.id not in first)  # how to measure what is missing comes first
     return AnalysisReport(
         source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
                       skipped=skipped, framework=framework),
         ranks=reports, job=job, recommendations=recs, combined=combined, include_warmup=include_warmup,
+        quality=job_quality(reports),
     )
 
 

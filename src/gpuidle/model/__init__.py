@@ -25,6 +25,7 @@ from .metrics import (
     TRACKER_METRICS,
     Metric,
 )
+from .quality import QUALITY_KINDS, TraceQuality
 from .report import (
     COMM_ROLES,
     PARALLELISM,
@@ -150,6 +151,7 @@ __all__ = [
     "LAST_SAMPLE",
     "MONITOR_FORMAT",
     "PARALLELISM",
+    "QUALITY_KINDS",
     "SCHEMA",
     "SCHEMA_MINOR",
     "SHAPE",
@@ -224,6 +226,7 @@ __all__ = [
     "SyncSource",
     "Timeline",
     "TraceMeta",
+    "TraceQuality",
     "TrackerEnd",
     "TrackerHeader",
     "TrackerLine",

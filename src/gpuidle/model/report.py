@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from .jsonio import JsonStruct
 from .mesh import MeshDim
+from .quality import TraceQuality
 from .timeline import CAUSES, I64, SCHEMA, SCHEMA_MINOR, WINDOW_LESS_STARTUP
 from .units import duration
 
@@ -267,6 +268,9 @@ class RankReport(msgspec.Struct):
     """What this run could not measure, said in the headline, its first fix how to measure it: ``data_loading``
     (a Keras fit not given ``callback.dataset``: its time counts as busy), ``host_activity`` (a trace of device
     events alone: its idle has no cause)."""
+    quality: list[TraceQuality] = []
+    """What this rank's trace cannot tell (:mod:`gpuidle.analysis.trace_quality`), gathered in
+    :attr:`AnalysisReport.quality`."""
 
     def primary(self) -> DeviceReport:
         """The device this rank trains on: the one with the most busy time."""
@@ -457,6 +461,9 @@ class AnalysisReport(JsonStruct, kw_only=True):
     """Present when a price per GPU-hour was given."""
     combined: Combined | None = None
     include_warmup: bool = False
+    quality: list[TraceQuality] = msgspec.field(default_factory=list)
+    """What the input can and cannot tell, each with the recording change that would help: printed above the
+    fixes, never one of them."""
     """True: steps marked ``excluded`` still count in per-step figures and gains (``--include-warmup``)."""
 
     def utilization(self) -> float:

@@ -22,7 +22,7 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 10
+SCHEMA_MINOR = 11
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
 ``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
 3: ``source.framework``; 4: ``ranks[].backend``; 5: gains' ``step_s_saved_low``/``_high``, ``basis``,
@@ -33,7 +33,9 @@ in ranks and job, ``ranks[].startup``, ``ranks[].workload``, ``ranks[].python_ho
 all-reduces, once read as DDP; 7: ``communication.settings``, the framework's settings the tracker read;
 8: ``devices[].window_s`` is the window less its start-up, ``busy_s + idle_s = window_s``: a report of an
 earlier minor is read so; 9: ``ranks[].sync_sources``, step sources ``device_steps``, ``engine_iterations``,
-``named_ranges``; 10: ``steps[].main_calls``, ``communication.mesh``, ``steps[].comm_by_dim_s``)."""
+``named_ranges``; 10: ``steps[].main_calls``, ``communication.mesh``, ``steps[].comm_by_dim_s``;
+11: ``quality`` and ``ranks[].quality``, what the trace cannot tell, no longer among the fixes;
+step sources ``repeating_ranges`` and ``device_period``)."""
 WINDOW_LESS_STARTUP = 8
 """The minor from which ``devices[].window_s`` leaves start-up out."""
 

@@ -13,6 +13,7 @@ from gpuidle.advice.whatif import UTILIZATION_TOLERANCE
 from gpuidle.model import (
     DIMENSION_WORDS,
     SHAPE,
+    AnalysisReport,
     Combined,
     CommRole,
     Gain,
@@ -95,6 +96,19 @@ def ranges(xs: list[int]) -> str:
         else:
             out.append(str(x))
     return ", ".join(out)
+
+
+QUALITY_HEAD = "What this trace can tell"
+
+
+def quality_lines(report: AnalysisReport) -> list[tuple[str, str | None]]:
+    """Each statement of what the trace cannot tell, with the recording change that would show it (or None)."""
+    several = len(report.ranks) > 1
+    out = []
+    for q in report.quality:
+        who = f" (rank{'s' if len(q.ranks) > 1 else ''} {ranges(q.ranks)})" if several and q.ranks else ""
+        out.append((f"{q.says}{who}", f"to see it: {q.recording}" if q.recording else None))
+    return out
 
 
 def step_rows(r: RankReport) -> list[tuple[str, str, str, str, str]]:

@@ -7,6 +7,7 @@ from gpuidle.report.common import (
     CAUSE_MEANING,
     DEFAULT_OPTIONS,
     OWN_STEP,
+    QUALITY_HEAD,
     TARGET_UTILIZATION,
     RenderOptions,
     combined_saved,
@@ -16,6 +17,7 @@ from gpuidle.report.common import (
     ms,
     pct,
     printable_report,
+    quality_lines,
     role_lines,
     shown_recommendations,
     source_label,
@@ -65,6 +67,10 @@ class MarkdownRenderer:
             lines += _table(["", "value", "formula"],
                             [[x.name.replace("_", " "), x.shown, f"`{x.worked}`"] for x in report.cost.lines])
             lines += [f"> {n}" for n in report.cost.notes] + [""]
+        quality = quality_lines(report)
+        if quality:
+            lines += [f"### {QUALITY_HEAD}", ""]
+            lines += [f"- {says}" + (f" ({recording})" if recording else "") for says, recording in quality] + [""]
         lines += ["### Top fixes", ""]
         i = 0
         listed = shown_recommendations(report.recommendations, options.top)
@@ -83,7 +89,7 @@ class MarkdownRenderer:
                       f"/step (saves {combined_saved(both)}), utilization {pct(both.utilization_after)}; "
                       f"then {both.limit}.", ""]
         if not report.recommendations:
-            lines.append("No idle cause above its threshold.")
+            lines.append("Nothing to fix: no idle cause above its threshold.")
         return "\n".join(lines) + "\n"
 
     def _rank(self, r: RankReport) -> list[str]:

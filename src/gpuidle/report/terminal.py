@@ -27,6 +27,7 @@ from gpuidle.report.common import (
     DEFAULT_OPTIONS,
     MANY_STEPS,
     OWN_STEP,
+    QUALITY_HEAD,
     TARGET_UTILIZATION,
     RenderOptions,
     combined_text,
@@ -37,6 +38,7 @@ from gpuidle.report.common import (
     ms,
     pct,
     printable_report,
+    quality_lines,
     ranges,
     role_lines,
     shown_recommendations,
@@ -225,8 +227,15 @@ class TerminalRenderer:
             self._rank(console, worst, report.include_warmup)
         if report.cost is not None:
             console.print(_cost(report.cost))
+        quality = quality_lines(report)
+        if quality:
+            console.print(Text(QUALITY_HEAD, style="bold"))
+        for says, recording in quality:
+            console.print(Text(f"  {says}", style="yellow"))
+            if recording:
+                console.print(Text(f"    {recording}", style="bright_black"))
         recs = shown_recommendations(report.recommendations, options.top)
-        console.print(Text("Top fixes" if recs else "No fix stands out: no idle cause above its threshold.",
+        console.print(Text("Top fixes" if recs else "Nothing to fix: no idle cause above its threshold.",
                            style="bold underline"))
         i = 0
         for rec in recs:
