@@ -331,7 +331,7 @@ def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rul
     x = RuleInput(report, report.primary(), rank_state(report, include_all),
                   len(counted(report.steps, include_all)), accumulation_repeats, include_all)
     proposals = [p for rule in rules for p in rule(x)]
-    return [*(per_step(x, p) for p in proposals), *unsized_causes(x, proposals)]
+    return [*(q for p in proposals if (q := per_step(x, p)) is not None), *unsized_causes(x, proposals)]
 
 
 RECUR_STEPS = 2
@@ -344,18 +344,23 @@ PRESENT = 0.005
 """A cause is in a step where its idle is at least this share of the step."""
 
 
-def per_step(x: RuleInput, p: Proposal) -> Proposal:
+def per_step(x: RuleInput, p: Proposal) -> Proposal | None:
     """``p`` as it is where each cause it removes recurs (:data:`RECUR_SHARE`); else with its gain not estimable and
-    the reason: one call in one step, or a window of one step, is no per-step cause."""
+    the reason: one call in one step, or a window of one step, is no per-step cause. None where its only cause is in
+    no steady step at all (:data:`PRESENT`): a fix for idle the steps do not have is none."""
     steps = counted(x.report.steps, x.include_all)
     effect = p.effects.get(x.report.rank)
     if effect is None or effect.reason is not None:
         return p
-    if len(steps) < 2 and any(v > 0 for v in effect.idle.values()):
-        causes = ", ".join(c for c, v in effect.idle.items() if v > 0)
-        why = (f"one step in the window: whether its {causes} idle recurs each step cannot be shown, so no per-step "
-               "gain is taken from it")
+    causes = [c for c, v in effect.idle.items() if v > 0]
+    if len(steps) < 2 and causes:
+        why = (f"one step in the window: whether its {', '.join(causes)} idle recurs each step cannot be shown, so no "
+               "per-step gain is taken from it")
         return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
+    step = float(np.median([s.dur_s for s in steps])) if steps else 0.0
+    if causes and effect.busy < PRESENT * step and not any(
+            s.idle_by_cause_s.get(c, 0.0) >= PRESENT * s.dur_s > 0 for s in steps for c in causes):
+        return None
     for cause, seconds in effect.idle.items():
         if seconds <= 0:
             continue

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from gpuidle.analysis.links import launch_times, launcher_rows
 from gpuidle.analysis.names import NameClasses
+from gpuidle.analysis.step_repeats import repeating_ranges
 from gpuidle.model import I64, HostKind, StepReport, Steps, Timeline
 
 
@@ -27,6 +28,8 @@ class StepWindow(msgspec.Struct, frozen=True):
     """``profiler_steps`` (steps the profile marks itself), ``inferred_steps`` or ``gpu_activity``."""
     note: str | None = None
     """Where the steps were moved to the device's side: the host's markers ran ahead of it."""
+    repeating: str | None = None
+    """The name of the range the steps repeat, where they were found so (:mod:`gpuidle.analysis.step_repeats`)."""
 
     @property
     def bounds(self) -> I64:
@@ -73,6 +76,9 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     ``launchers``: :func:`~gpuidle.analysis.links.launcher_rows` of ``tl``, where the caller has them."""
     steps = find_steps(tl, names)
     ops = tl.device_ops
+    repeating = None
+    if len(steps) == 0:
+        steps, repeating = repeating_ranges(tl, names, launchers)
     if len(steps) == 0:
         start, end = int(ops.start.min()), int(ops.end.max())
         one = Steps(np.zeros(1, dtype=np.int64), np.array([start]), np.array([end]), "none")
@@ -81,10 +87,11 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     launched = launch_times(tl, launcher_rows(tl) if launchers is None else launchers)
     inside = (launched >= start) & (launched < host_end)
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
-    kind = "inferred_steps" if steps.source.startswith("inferred:") else "profiler_steps"
+    kind = "inferred_steps" if steps.source.startswith("inferred:") or repeating else "profiler_steps"
     moved, note = device_side(steps, ops.start, launched)
     end, tail = _without_tail(tl, int(steps.start[-1]), moved, host_end, gpu_end if inside.any() else start)
-    return StepWindow(moved, int(moved.start[0]), end, kind, "; ".join(n for n in (note, tail) if n) or None)
+    return StepWindow(moved, int(moved.start[0]), end, kind, "; ".join(n for n in (note, tail) if n) or None,
+                      repeating)
 
 
 TAIL_SHARE = 0.1
