@@ -8,6 +8,8 @@ from the first to the last device activity.
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import numpy as np
 import numpy.typing as npt
@@ -92,6 +94,12 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     end, tail = _without_tail(tl, int(steps.start[-1]), moved, host_end, gpu_end if inside.any() else start)
     return StepWindow(moved, int(moved.start[0]), end, kind, "; ".join(n for n in (note, tail) if n) or None,
                       repeating)
+
+
+def device_windows(tl: Timeline, names: NameClasses, launchers: I64) -> dict[int, StepWindow]:
+    """Each device's own window, where the devices run their steps apart (:attr:`Timeline.device_steps`)."""
+    return {d: step_window(dataclasses.replace(tl, steps=steps), names, launchers)
+            for d, steps in tl.device_steps.items()}
 
 
 TAIL_SHARE = 0.1

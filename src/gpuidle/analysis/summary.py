@@ -21,7 +21,7 @@ from gpuidle.analysis.quality import quality_notes
 from gpuidle.analysis.sharded import classify, role_split
 from gpuidle.analysis.startup import Startup, find_startup
 from gpuidle.analysis.step_calls import main_calls
-from gpuidle.analysis.steps import NO_GPU_WORK, steady_state, step_window, truncated_edges
+from gpuidle.analysis.steps import NO_GPU_WORK, device_windows, steady_state, step_window, truncated_edges
 from gpuidle.analysis.trace_quality import rank_quality
 from gpuidle.analysis.workload import workload
 from gpuidle.model import (
@@ -66,7 +66,8 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     launchers = launcher_rows(tl)
     window = step_window(tl, names, launchers)
     startup = find_startup(tl, names, window, launchers)
-    idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges())
+    idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges(),
+                          windows=device_windows(tl, names, launchers))
     kernels = kernel_facts(tl, names, window)
     coll = find_collectives(tl, window, launchers)
     primary = max(idle, key=lambda d: (d.busy_ns, -d.device))

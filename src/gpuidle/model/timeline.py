@@ -216,6 +216,10 @@ class Timeline:
     """(thread, thread) pairs, indices into :attr:`threads`: the first hands work to the second (a Python
     thread dispatching a compiled program to the thread that runs it and launches its kernels). Profilers
     that record such flows (XSpace) fill it; a thread handing work to a launching thread feeds the device."""
+    device_steps: dict[int, Steps] = field(default_factory=dict)
+    """Each device's own steps, where the devices run their steps apart (an XSpace profile's ``Steps`` line per
+    GPU, two GPUs' bursts hundreds of ms apart): each device's figures are over its own steps; :attr:`steps` is the
+    busiest device's. Empty where one set of steps holds for every device."""
     devices: list[int] = field(init=False)
     """Device indices with any activity, ascending."""
 
