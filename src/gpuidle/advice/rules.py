@@ -345,18 +345,23 @@ PRESENT = 0.005
 
 
 def per_step(x: RuleInput, p: Proposal) -> Proposal | None:
-    """``p`` as it is where each cause it removes recurs (:data:`RECUR_SHARE`); else with its gain not estimable and
-    the reason: one call in one step, or a window of one step, is no per-step cause. None where its only cause is in
+    """``p`` as it is where each cause it removes recurs (:data:`RECUR_SHARE`; in a window of one step, where no one
+    call holds half of the cause's idle: it recurs within the step); else with its gain not estimable and the
+    reason: one call in one step is no per-step cause. None where its only cause is in
     no steady step at all (:data:`PRESENT`): a fix for idle the steps do not have is none."""
     steps = counted(x.report.steps, x.include_all)
     effect = p.effects.get(x.report.rank)
     if effect is None or effect.reason is not None:
         return p
     causes = [c for c, v in effect.idle.items() if v > 0]
-    if len(steps) < 2 and causes:
-        why = (f"one step in the window: whether its {', '.join(causes)} idle recurs each step cannot be shown, so no "
+    single = [c for c in causes if steps and c in steps[0].main_calls]
+    if len(steps) < 2 and single:
+        why = (f"one step in the window, its {', '.join(single)} idle under one call "
+               f"({steps[0].main_calls[single[0]].words()}): whether it recurs each step cannot be shown, so no "
                "per-step gain is taken from it")
         return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
+    if len(steps) < 2:
+        return p  # idle spread over many calls recurs within the step
     step = float(np.median([s.dur_s for s in steps])) if steps else 0.0
     if causes and effect.busy < PRESENT * step and not any(
             s.idle_by_cause_s.get(c, 0.0) >= PRESENT * s.dur_s > 0 for s in steps for c in causes):

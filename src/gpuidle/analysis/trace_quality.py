@@ -25,8 +25,8 @@ WHOLE_STEPS = "profile whole steps: start the profiler before a step begins and 
 HOST_ACTIVITY = {
     "kineto": "record the host: activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]",
     "xspace": "record the host: ProfileOptions(host_tracer_level=2)",
-    "nsys": "mark the program's phases with NVTX ranges (nvtxRangePushA/nvtxRangePop) and trace them: nsys profile "
-            "--trace=cuda,nvtx,osrt",
+    "nsys": "mark the program's phases with NVTX ranges (nvtxRangePushA/nvtxRangePop, #include <nvtx3/nvToolsExt.h>) "
+            "and trace them: nsys profile --trace=cuda,nvtx,osrt",
 }
 DEVICE_RECORDS = {
     "kineto": "keep the device records: a larger CUPTI buffer, or a shorter profiled window",
@@ -50,8 +50,8 @@ def rank_quality(tl: Timeline, names: NameClasses, window: StepWindow, report: R
     if len(steps) < 2 and device.idle_s > 0:
         out.append(TraceQuality(
             kind="one_step",
-            says=(f"one step ({_source(report)}): whether an idle cause recurs each step cannot be shown, so gains "
-                  "from idle are withheld; gains from kernel time hold from one step"),
+            says=(f"one step ({_source(report)}): a gain from idle is given only where its cause recurs within the "
+                  "step (no one call holds half of it); gains from kernel time hold from one step"),
             recording=SEVERAL_STEPS.get(fmt, SEVERAL_STEPS["kineto"])))
     gpus = sorted(set(tl.meta.device_names) | set(tl.devices))
     several = len(gpus) > 1 or (report.world_size or 1) > 1

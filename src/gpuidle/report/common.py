@@ -236,7 +236,7 @@ STARTUP_SHOWN = 8
 
 
 def window_words(r: RankReport, sep: str = " · ") -> str:
-    """``1 step(s) · 1,166.3 ms analysed (12,920.2 ms less 11,754.0 ms of start-up) · steps from ...``: the rank's
+    """``1 step(s) · 640.0 ms analysed (12,920.2 ms less 12,280.2 ms of start-up) · steps from ...``: the rank's
     window, where start-up was set apart the time the figures are over (``DeviceReport.window_s``), and where its
     steps came from (:data:`STEP_SOURCE_WORDS`)."""
     w, d = r.window, r.primary()
@@ -246,7 +246,7 @@ def window_words(r: RankReport, sep: str = " · ") -> str:
 
 
 def startup_head(r: RankReport) -> str | None:
-    """``start-up cost (once, left out of per-step figures and gains): 11,754.0 ms of device idle``, or None
+    """``start-up cost (once, left out of per-step figures and gains): 12,280.2 ms of device idle``, or None
     without start-up costs: the device idle the analysis set apart under them (``DeviceReport.startup_s``)."""
     if not r.startup:
         return None
