@@ -347,13 +347,17 @@ PRESENT = 0.005
 def per_step(x: RuleInput, p: Proposal) -> Proposal | None:
     """``p`` as it is where each cause it removes recurs (:data:`RECUR_SHARE`; in a window of one step, where no one
     call holds half of the cause's idle: it recurs within the step); else with its gain not estimable and the
-    reason: one call in one step is no per-step cause. None where its only cause is in
-    no steady step at all (:data:`PRESENT`): a fix for idle the steps do not have is none."""
+    reason: one call in one step is no per-step cause, nor is the idle of a trace that is a fragment of a step.
+    None where its only cause is in no steady step at all (:data:`PRESENT`): a fix for idle the steps lack is none."""
     steps = counted(x.report.steps, x.include_all)
     effect = p.effects.get(x.report.rank)
     if effect is None or effect.reason is not None:
         return p
     causes = [c for c, v in effect.idle.items() if v > 0]
+    fragment = [q.says for q in x.report.quality if q.kind == "fragment"]
+    if fragment and causes:
+        why = f"the trace holds {fragment[0]}: no per-step gain is taken from its idle"
+        return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
     single = [c for c in causes if steps and c in steps[0].main_calls]
     if len(steps) < 2 and single:
         why = (f"one step in the window, its {', '.join(single)} idle under one call "

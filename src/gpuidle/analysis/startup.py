@@ -56,10 +56,13 @@ INSTANTIATE = re.compile(r"^(cuda|hip)GraphInstantiate|^cuGraphInstantiate")
 COMPILE = re.compile(
     r"compile_inner|compile_fx|call_user_compiler|inductor_compile|create_aot_dispatcher_function|async_compile"
     r"|^nvrtcCompileProgram$|^cuLink(Complete|Create)|^(hip|cu)rtcCompileProgram|XlaCompile|BackendCompile"
-    r"|^PjRtCompile|jit_compile|autotune|^cudnnFind\w*Algorithm|benchmark_choice|nvrtc"
-    r"|(?<![a-z])(re)?compil(e(?!d)|ing|ation)",
+    r"|^PjRtCompile|jit_compile|autotune|^cudnnFind\w*Algorithm|benchmark_choice",
     re.IGNORECASE,
 )
+COMPILE_RANGE = re.compile(r"nvrtc|(?<![a-z])(re)?compil(e(?!d)|ing|ation)", re.IGNORECASE)
+"""A host range (an annotation, an NVTX range), not a Python frame, that names compiling: ``compileFusion``,
+``nvrtc: compile``, ``XLA compilation``. A Python frame's name is its file's path (``vllm/compilation/...``, code
+that runs what was compiled)."""
 
 
 class Startup(msgspec.Struct, frozen=True):
@@ -98,7 +101,10 @@ def find_startup(tl: Timeline, names: NameClasses, window: StepWindow, launchers
     for kind in ("module_load", "stream"):
         for i in long[rt & classes[kind][name]]:
             found[int(i)] = (kind, strings[host.name[i]])
-    for i in long[classes["compile"][name]]:
+    classes["compile_range"] = np.zeros(len(strings), dtype=bool)
+    classes["compile_range"][named] = [COMPILE_RANGE.search(strings[i]) is not None for i in named.tolist()]
+    ranged = classes["compile_range"][name] & (host.kind[long] != HostKind.PYTHON)
+    for i in long[classes["compile"][name] | ranged]:
         found.setdefault(int(i), ("compile", strings[host.name[i]]))
     _allocations(tl, window, long[rt & classes["allocation"][name]], found)
     _first_launches(tl, names, launchers, found)
