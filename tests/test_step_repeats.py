@@ -1,0 +1,79 @@
+"""Steps from what repeats, on hand-built traces whose names no rule knows, and what a trace cannot tell said above
+the fixes (a lost device record, GPUs without kernels), never among them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuidle.api import analyze
+from minitrace import Trace
+
+SGEMM = "ampere_sgemm_128x64_nn"
+
+
+def loop(t: Trace, name: str, n: int, period: float = 1000, kind: str = "user_annotation") -> None:
+    """``n`` iterations of ``period`` µs, each a range ``name`` of 600 µs launching two kernels of 300 µs."""
+    for i in range(n):
+        base = i * period
+        t.x(kind, name, base, 600)
+        t.launch(at=base + 10, call_dur=5, start=base + 20, dur=300, name=SGEMM)
+        t.launch(at=base + 400, call_dur=5, start=base + 420, dur=300, name=SGEMM)
+
+
+@pytest.mark.parametrize("name", ["decode_iteration[batch=4]", "tick", "execute_context_9(3)_generation_1(1)"])
+def test_a_recurring_annotation_with_the_work_under_it_is_the_step(tmp_path: Path, name: str) -> None:
+    t = Trace()
+    loop(t, name, 6)
+    (rank,) = analyze([t.write(tmp_path / "loop.json.gz")]).ranks
+    assert (len(rank.steps), rank.step_source) == (6, "repeating_ranges")
+    assert [round(s.start_s * 1e6) for s in rank.steps][:3] == [0, 1000, 2000]  # each from its range's start
+    assert any(name in n for n in rank.notes)
+
+
+def test_a_python_function_that_repeats_is_not_a_step(tmp_path: Path) -> None:
+    """A model's layers are calls of one function: one forward of six layers is one step."""
+    t = Trace()
+    loop(t, "model.py(40): forward", 6, kind="python_function")
+    (rank,) = analyze([t.write(tmp_path / "layers.json.gz")]).ranks
+    assert rank.step_source == "none"
+
+
+def test_a_range_with_little_work_under_it_is_not_a_step(tmp_path: Path) -> None:
+    """A logging range each period, the kernels launched outside it: not the step."""
+    t = Trace()
+    for i in range(6):
+        base = i * 1000
+        t.annotation("log metrics", base, 100)
+        t.launch(at=base + 200, call_dur=5, start=base + 210, dur=600, name=SGEMM)
+    (rank,) = analyze([t.write(tmp_path / "log.json.gz")]).ranks
+    assert rank.step_source == "none"
+
+
+def test_ranges_of_uneven_length_are_not_steps(tmp_path: Path) -> None:
+    t = Trace()
+    for i, length in enumerate((100, 900, 200, 800, 150, 700)):
+        base = i * 1000
+        t.annotation("request", base, length)
+        t.launch(at=base + 10, call_dur=5, start=base + 20, dur=60, name=SGEMM)
+    (rank,) = analyze([t.write(tmp_path / "uneven.json.gz")]).ranks
+    assert rank.step_source == "none"
+
+
+def test_launches_without_their_kernels_are_said_as_lost_records(tmp_path: Path) -> None:
+    """40 launches, 10 of them with a kernel: the device's records were lost, said above the fixes."""
+    t = Trace()
+    for i in range(4):
+        t.step(i + 1, i * 1000, 1000)
+        for k in range(10):
+            at = i * 1000 + k * 90
+            if k == 0:
+                t.launch(at=at, call_dur=5, start=at + 10, dur=80, name=SGEMM)
+            else:
+                t.runtime("cudaLaunchKernel", at, 5)
+                t.events[-1]["args"]["correlation"] = 90_000 + i * 10 + k
+    report = analyze([t.write(tmp_path / "lost.json.gz")])
+    (q,) = [q for q in report.quality if q.kind == "device_records_lost"]
+    assert q.says.startswith("36 of 40 kernel launches have no device record")
+    assert not [r for r in report.recommendations if r.id.startswith("record_")]
