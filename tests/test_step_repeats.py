@@ -77,3 +77,21 @@ def test_launches_without_their_kernels_are_said_as_lost_records(tmp_path: Path)
     (q,) = [q for q in report.quality if q.kind == "device_records_lost"]
     assert q.says.startswith("36 of 40 kernel launches have no device record")
     assert not [r for r in report.recommendations if r.id.startswith("record_")]
+
+
+def test_launches_and_no_kernel_at_all_is_not_called_cpu_only(tmp_path: Path) -> None:
+    """CUDA was recorded (launches with their correlation ids) and no kernel record came: an error that says the
+    device's records are missing, never "CPU-only: profile with CUDA"."""
+    from gpuidle.errors import GpuidleError
+
+    t = Trace()
+    for i in range(5):
+        t.op("aten::mm", i * 100, 20)
+        t.runtime("cudaLaunchKernel", i * 100 + 5, 5)
+        t.events[-1]["args"]["correlation"] = 100 + i
+    with pytest.raises(GpuidleError, match="5 kernel launches with their correlation ids and no kernel record"):
+        analyze([t.write(tmp_path / "no_kernels.json.gz")])
+    t = Trace()
+    t.op("aten::mm", 0, 20)
+    with pytest.raises(GpuidleError, match="CPU-only"):
+        analyze([t.write(tmp_path / "cpu.json.gz")])
