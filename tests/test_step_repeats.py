@@ -95,3 +95,18 @@ def test_launches_and_no_kernel_at_all_is_not_called_cpu_only(tmp_path: Path) ->
     t.op("aten::mm", 0, 20)
     with pytest.raises(GpuidleError, match="CPU-only"):
         analyze([t.write(tmp_path / "cpu.json.gz")])
+
+
+def test_one_engine_iteration_is_told_the_engine_s_profiler(tmp_path: Path) -> None:
+    """A serving engine owns its loop: a window of one step asks for several of its iterations through the engine,
+    never for a training loop's profiler schedule."""
+    t = Trace()
+    t.op("vllm::unified_attention_with_output", 0, 50)
+    t.launch(at=10, call_dur=5, start=20, dur=300, name=SGEMM)
+    t.op("vllm::unified_attention_with_output", 400, 300)
+    t.launch(at=700, call_dur=5, start=710, dur=300, name=SGEMM)
+    report = analyze([t.write(tmp_path / "engine.json.gz")])
+    (q,) = [q for q in report.quality if q.kind == "one_step"]
+    assert q.recording is not None
+    assert "llm.start_profile()" in q.recording
+    assert "prof.step()" not in q.recording

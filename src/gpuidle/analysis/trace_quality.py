@@ -21,6 +21,9 @@ SEVERAL_STEPS = {
     "xspace": "profile several steps: start the profiler before a run of five steps and stop it after them",
     "nsys": "profile several steps: nsys profile --capture-range=cudaProfilerApi around five steps",
 }
+ENGINE_STEPS = ("profile several of the engine's iterations: its own profiler (vLLM: VLLM_TORCH_PROFILER_DIR, then "
+                "llm.start_profile() and llm.stop_profile() around several requests)")
+"""A serving engine owns its loop: no training-loop snippet."""
 WHOLE_STEPS = "profile whole steps: start the profiler before a step begins and stop it after the step ends"
 HOST_ACTIVITY = {
     "kineto": "record the host: activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]",
@@ -52,7 +55,8 @@ def rank_quality(tl: Timeline, names: NameClasses, window: StepWindow, report: R
             kind="one_step",
             says=(f"one step ({_source(report)}): a gain from idle is given only where its cause recurs within the "
                   "step (no one call holds half of it); gains from kernel time hold from one step"),
-            recording=SEVERAL_STEPS.get(fmt, SEVERAL_STEPS["kineto"])))
+            recording=ENGINE_STEPS if report.workload is not None and report.workload.engine
+            else SEVERAL_STEPS.get(fmt, SEVERAL_STEPS["kineto"])))
     gpus = sorted(set(tl.meta.device_names) | set(tl.devices))
     several = len(gpus) > 1 or (report.world_size or 1) > 1
     gemm = bool((names.gemm | names.conv)[tl.device_ops.name].any()) if len(tl.device_ops) else False
