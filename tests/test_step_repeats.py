@@ -35,9 +35,15 @@ def test_a_recurring_annotation_with_the_work_under_it_is_the_step(tmp_path: Pat
 def test_a_python_function_that_repeats_is_not_a_step(tmp_path: Path) -> None:
     """A model's layers are calls of one function: one forward of six layers is one step."""
     t = Trace()
-    loop(t, "model.py(40): forward", 6, kind="python_function")
+    t.launch(at=0, call_dur=5, start=10, dur=50, name="embedding_kernel")
+    for i in range(6):
+        base = 100 + i * 1000
+        t.x("python_function", "model.py(40): forward", base, 600)
+        t.launch(at=base + 10, call_dur=5, start=base + 20, dur=300, name=SGEMM)
+        t.launch(at=base + 400, call_dur=5, start=base + 420, dur=300, name=SGEMM)
+    t.launch(at=6200, call_dur=5, start=6210, dur=50, name="lm_head_softmax_kernel")
     (rank,) = analyze([t.write(tmp_path / "layers.json.gz")]).ranks
-    assert rank.step_source == "none"
+    assert rank.step_source == "none"   # nor the device's period: the embedding and the head run once
 
 
 def test_a_range_with_little_work_under_it_is_not_a_step(tmp_path: Path) -> None:
@@ -48,7 +54,7 @@ def test_a_range_with_little_work_under_it_is_not_a_step(tmp_path: Path) -> None
         t.annotation("log metrics", base, 100)
         t.launch(at=base + 200, call_dur=5, start=base + 210, dur=600, name=SGEMM)
     (rank,) = analyze([t.write(tmp_path / "log.json.gz")]).ranks
-    assert rank.step_source == "none"
+    assert rank.step_source == "device_period"   # the device's own repetition, not the range
 
 
 def test_ranges_of_uneven_length_are_not_steps(tmp_path: Path) -> None:
@@ -58,7 +64,22 @@ def test_ranges_of_uneven_length_are_not_steps(tmp_path: Path) -> None:
         t.annotation("request", base, length)
         t.launch(at=base + 10, call_dur=5, start=base + 20, dur=60, name=SGEMM)
     (rank,) = analyze([t.write(tmp_path / "uneven.json.gz")]).ranks
-    assert rank.step_source == "none"
+    assert rank.step_source == "device_period"
+
+
+@pytest.mark.parametrize(("warmup", "steps"), [(False, 5), (True, 1)])
+def test_the_device_s_own_repetition_is_the_step(tmp_path: Path, warmup: bool, steps: int) -> None:
+    """Device events alone, five copies of one block of three kernels: five steps; one kernel more, run once, and
+    the sequence is no repetition of a block."""
+    t = Trace()
+    if warmup:
+        t.x("kernel", "warmup_kernel", 0, 50, pid=0, tid=7, device=0, stream=7)
+    for i in range(5):
+        for k, name in enumerate(("gather_kernel", SGEMM, "softmax_kernel")):
+            t.x("kernel", name, 100 + i * 1000 + k * 200, 150, pid=0, tid=7, device=0, stream=7)
+    (rank,) = analyze([t.write(tmp_path / "device.json.gz")]).ranks
+    assert len(rank.steps) == steps
+    assert rank.step_source == ("device_period" if steps > 1 else "none")
 
 
 def test_launches_without_their_kernels_are_said_as_lost_records(tmp_path: Path) -> None:

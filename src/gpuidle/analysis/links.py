@@ -28,4 +28,6 @@ def launcher_rows(tl: Timeline) -> I64:
 
 def launch_times(tl: Timeline, rows: I64) -> I64:
     """Host time each device op was launched; its own start where the launcher is unknown."""
+    if len(tl.host) == 0:  # a trace of device events alone
+        return tl.device_ops.start.copy()
     return np.where(rows >= 0, tl.host.start[np.maximum(rows, 0)], tl.device_ops.start)

@@ -15,6 +15,11 @@ window's device side (:func:`~gpuidle.analysis.steps.device_side`) moves each st
 
 Python functions are not looked at: a model's layers are calls of one function, alike and covering the forward's
 work, and one forward of twelve layers is one step, not twelve.
+
+Without such a range, the device's own work may repeat: where the busiest device's sequence of operations (by name,
+in order of start) is ``k`` ≥ :data:`MIN_REPEATS` copies of one block, every name in every copy (every name's count
+a multiple of ``k``), each copy is a step (:data:`DEVICE_PERIOD`). A forward's layers repeat too, but its embedding
+and head run once: the whole sequence is no repetition of the layers.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from gpuidle.analysis.names import NameClasses
 from gpuidle.model import I64, HostKind, Steps, Timeline
 
 REPEATING_RANGES = "repeating_ranges"
+DEVICE_PERIOD = "device_period"
 MIN_REPEATS = 3
 ALIKE = 0.25
 COVERS = 0.5
@@ -103,3 +109,28 @@ def _covered(starts: I64, ends: I64, launched: I64, work: I64) -> float:
     hi = np.searchsorted(launched, ends, side="right")
     cum = np.r_[0, np.cumsum(work, dtype=np.float64)]
     return float((cum[hi] - cum[lo]).sum())
+
+
+def device_period(tl: Timeline) -> Steps:
+    """Steps as the copies of one block that the busiest device's operations repeat whole (see the module); no
+    steps where they do not."""
+    ops = tl.device_ops
+    empty = np.zeros(0, dtype=np.int64)
+    none = Steps(empty, empty.copy(), empty.copy(), DEVICE_PERIOD)
+    if len(ops) < MIN_REPEATS:
+        return none
+    device = int(np.argmax(np.bincount(ops.device)))
+    rows = np.flatnonzero(ops.device == device)
+    rows = rows[np.argsort(ops.start[rows], kind="stable")]
+    names = ops.name[rows].astype(np.int64)
+    counts = np.bincount(names)
+    k = int(np.gcd.reduce(counts[counts > 0]))
+    if k < MIN_REPEATS:
+        return none
+    period = rows.size // k
+    blocks = names.reshape(k, period)
+    if not (blocks == blocks[0]).all():
+        return none
+    starts = ops.start[rows[::period]].astype(np.int64)
+    ends = np.append(starts[1:], int(ops.end[rows].max()))
+    return Steps(np.arange(k, dtype=np.int64), starts, ends, DEVICE_PERIOD)

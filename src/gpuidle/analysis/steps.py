@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from gpuidle.analysis.links import launch_times, launcher_rows
 from gpuidle.analysis.names import NameClasses
-from gpuidle.analysis.step_repeats import repeating_ranges
+from gpuidle.analysis.step_repeats import DEVICE_PERIOD, device_period, repeating_ranges
 from gpuidle.model import I64, HostKind, StepReport, Steps, Timeline
 
 
@@ -82,6 +82,8 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     if len(steps) == 0:
         steps, repeating = repeating_ranges(tl, names, launchers)
     if len(steps) == 0:
+        steps = device_period(tl)
+    if len(steps) == 0:
         start, end = int(ops.start.min()), int(ops.end.max())
         one = Steps(np.zeros(1, dtype=np.int64), np.array([start]), np.array([end]), "none")
         return StepWindow(one, start, end, "gpu_activity")
@@ -89,7 +91,8 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     launched = launch_times(tl, launcher_rows(tl) if launchers is None else launchers)
     inside = (launched >= start) & (launched < host_end)
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
-    kind = "inferred_steps" if steps.source.startswith("inferred:") or repeating else "profiler_steps"
+    kind = ("inferred_steps" if steps.source.startswith("inferred:") or repeating or steps.source == DEVICE_PERIOD
+            else "profiler_steps")
     moved, note = device_side(steps, ops.start, launched)
     end, tail = _without_tail(tl, int(steps.start[-1]), moved, host_end, gpu_end if inside.any() else start)
     return StepWindow(moved, int(moved.start[0]), end, kind, "; ".join(n for n in (note, tail) if n) or None,

@@ -60,6 +60,7 @@ STEP_SOURCE_WORDS = {
     "engine_iterations": "steps from the engine's iterations",
     "named_ranges": "steps from ranges named like steps",
     "repeating_ranges": "steps from a range that repeats with the device's work under it",
+    "device_period": "steps from the device's own work, which repeats: no step markers in this profile",
     "tracker": "steps from the tracker",
     "inferred:dataloader_next": "steps inferred from DataLoader calls: no step markers in this profile",
     "inferred:optimizer_step": "steps inferred from optimizer steps: no step markers in this profile",
