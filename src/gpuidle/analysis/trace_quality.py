@@ -58,13 +58,14 @@ def rank_quality(tl: Timeline, names: NameClasses, window: StepWindow, report: R
             recording=ENGINE_STEPS if report.workload is not None and report.workload.engine
             else SEVERAL_STEPS.get(fmt, SEVERAL_STEPS["kineto"])))
     gpus = sorted(set(tl.meta.device_names) | set(tl.devices))
-    several = len(gpus) > 1 or (report.world_size or 1) > 1
+    several = len(tl.devices) > 1 or (report.world_size or 1) > 1  # a process lists every GPU it sees, drives one
     gemm = bool((names.gemm | names.conv)[tl.device_ops.name].any()) if len(tl.device_ops) else False
     if several and not gemm and report.communication.comm_s == 0 and report.kernels.count:
+        job = max(len(gpus) if len(tl.devices) > 1 else 1, report.world_size or 1)
         out.append(TraceQuality(
             kind="fragment",
             says=(f"a fragment of a step: {report.kernels.count} kernels, none a GEMM or convolution, and no "
-                  f"collective in a {max(len(gpus), report.world_size or 1)}-GPU job"),
+                  f"collective in a {job}-GPU job"),
             recording=WHOLE_STEPS))
     with_kernels = {int(d) for d in distinct(tl.device_ops.device[tl.device_ops.kind == DeviceOpKind.KERNEL])}
     empty = [g for g in gpus if g not in with_kernels]
