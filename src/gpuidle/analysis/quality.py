@@ -26,8 +26,6 @@ def quality_notes(tl: Timeline, names: NameClasses, window: StepWindow, kernels:
                      "with the device's work launched under it")
     elif window.kind == "inferred_steps" and tl.meta.format in STEP_MARKERS:
         notes.append(f"no {STEP_MARKERS[tl.meta.format]}: steps inferred ({window.steps.source})")
-    if window.note:
-        notes.append(window.note)
     if kernels.median_launch_us is not None and kernels.median_launch_us > SLOW_LAUNCH_US:
         overhead = "profiler overhead (record_shapes/with_stack)" if tl.meta.format == "kineto" else "profiler overhead"
         notes.append(
