@@ -57,6 +57,10 @@ def repeating_ranges(tl: Timeline, names: NameClasses, launchers: I64 | None = N
     order = np.argsort(key, kind="stable")
     rows, key = rows[order], key[order]
     cuts = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+    total = np.add.reduceat(host.end[rows] - host.start[rows], cuts[:-1])
+    worth = np.flatnonzero((np.diff(cuts) >= MIN_REPEATS) & (total >= MIN_TIME_SHARE * span))
+    if worth.size == 0:
+        return none
     launched = launch_times(tl, launcher_rows(tl) if launchers is None else launchers)
     order = np.argsort(launched, kind="stable")
     launched, work = launched[order], (ops.end - ops.start)[order]
@@ -64,10 +68,8 @@ def repeating_ranges(tl: Timeline, names: NameClasses, launchers: I64 | None = N
     if busy <= 0:
         return none
     best: tuple[float, float, I64] | None = None
-    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
-        group = rows[a:b]
-        if group.size < MIN_REPEATS or (host.end[group] - host.start[group]).sum() < MIN_TIME_SHARE * span:
-            continue
+    for g in worth.tolist():
+        group = rows[cuts[g]:cuts[g + 1]]
         top = _outermost(host.start[group], host.end[group], group)
         if top.size < MIN_REPEATS or not _alike(host.end[top] - host.start[top]):
             continue
