@@ -44,3 +44,15 @@ def test_a_cold_forward_s_allocator_free_is_start_up() -> None:
     frees = sorted((c.kind, round(c.dur_s * 1e3, 1)) for c in rank.startup if c.name == "cudaFree")
     assert frees == [("allocation", 10.8), ("context", 1.9)]
     assert [s.function for s in rank.sync_sources] == ["switch_transformers/model.py(143): forward"]
+
+
+def test_an_nvtx_range_over_the_unexplained_idle_names_it(tmp_path: Path) -> None:
+    """A CUDA program's idle under its own NVTX range and nothing else: the range names the phase the device waited
+    on, said above the fixes."""
+    e = Export()
+    for start in (0, 1000, 2000):
+        e.launch(at=start, call_dur=10, start=start + 10, dur=200)
+        e.nvtx("halo exchange", start + 250, 700)
+    report = analyze([e.write(tmp_path / "halo.sqlite")])
+    (q,) = [q for q in report.quality if q.kind == "host_unrecorded"]
+    assert "the range 'halo exchange'" in q.says

@@ -125,7 +125,8 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         python_hotspots=python_hotspots(tl, primary), sync_sources=sync_sources(tl, primary),
         unmeasured=[HOST_ACTIVITY] if not (events["cpu_ops"] or events["runtime_calls"]) and primary.idle_ns else [],
     )
-    report.quality = rank_quality(tl, names, window, report)
+    unexplained = cause == CAUSE_INDEX[Cause.UNATTRIBUTED]
+    report.quality = rank_quality(tl, names, window, report, (seg_s[unexplained], seg_e[unexplained]))
     step_of = np.clip(np.searchsorted(bounds, seg_s[exposed], side="right") - 1, 0, bounds.size - 2)
     on_primary = coll.device == primary.device
     return RankAnalysis(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow, counted
 from gpuidle.model import QUALITY_KINDS, Cause, DeviceOpKind, HostKind, RankReport, Timeline, TraceQuality
@@ -44,8 +45,10 @@ CAPTURE_SHARE = 0.5
 runs."""
 
 
-def rank_quality(tl: Timeline, names: NameClasses, window: StepWindow, report: RankReport) -> list[TraceQuality]:
-    """The statements that hold for this rank's trace, in :data:`~gpuidle.model.QUALITY_KINDS` order."""
+def rank_quality(tl: Timeline, names: NameClasses, window: StepWindow, report: RankReport,
+                 unattributed: iv.Intervals = iv.EMPTY) -> list[TraceQuality]:
+    """The statements that hold for this rank's trace, in :data:`~gpuidle.model.QUALITY_KINDS` order;
+    ``unattributed``: the primary device's idle no cause explains, to name the host range it falls under."""
     fmt = tl.meta.format
     out: list[TraceQuality] = []
     steps = counted(report.steps)
@@ -92,7 +95,7 @@ def rank_quality(tl: Timeline, names: NameClasses, window: StepWindow, report: R
         out.append(TraceQuality(kind="host_ahead", says=window.note.split("; the last step")[0]))
     if window.note and "profile stopping" in window.note:
         out.append(TraceQuality(kind="profile_tail", says=window.note.split("; ")[-1]))
-    unrecorded = _host_unrecorded(report, fmt)
+    unrecorded = _host_unrecorded(report, fmt, _range_under(tl, names, unattributed))
     if unrecorded is not None:
         out.append(unrecorded)
     return out
@@ -133,7 +136,7 @@ UNRECORDED_SHARE = 0.5
 """Idle with no host event under it, past half the idle (or the largest cause), is what the trace cannot explain."""
 
 
-def _host_unrecorded(report: RankReport, fmt: str) -> TraceQuality | None:
+def _host_unrecorded(report: RankReport, fmt: str, under: str | None) -> TraceQuality | None:
     """Idle the trace has no host event for, where it is most of the idle or its largest cause: what the host did
     then is not in the trace. A recording change only where something the attribution reads was not recorded."""
     steps = counted(report.steps)
@@ -155,6 +158,9 @@ def _host_unrecorded(report: RankReport, fmt: str) -> TraceQuality | None:
     if missing:
         return TraceQuality(kind="host_unrecorded", says=f"{head}: {'; '.join(missing)}",
                             recording=HOST_ACTIVITY.get(fmt, HOST_ACTIVITY["kineto"]))
+    if under is not None:
+        return TraceQuality(kind="host_unrecorded", says=f"{head} but {under}: what runs there launches nothing and "
+                                                         "calls nothing the trace records")
     recorded = f"{ev.get('cpu_ops', 0)} host operators and {ev.get('annotations', 0)} host ranges are recorded"
     return TraceQuality(kind="host_unrecorded",
                         says=f"{head}: {recorded}, and the idle falls outside them (another thread or process, or "
@@ -171,3 +177,31 @@ def job_quality(reports: list[RankReport]) -> list[TraceQuality]:
             else:
                 out[q.kind] = TraceQuality(kind=q.kind, says=q.says, recording=q.recording, ranks=[r.rank])
     return [out[k] for k in QUALITY_KINDS if k in out]
+
+
+RANGE_SHARE = 0.5
+"""A host range (an NVTX range, a ``record_function``) under which at least this share of the unexplained idle
+falls names the phase the host was in: the compile, exchange or user region the device waited on."""
+
+
+def _range_under(tl: Timeline, names: NameClasses, unattributed: iv.Intervals) -> str | None:
+    """``the range 'halo exchange' (1.20 ms, 80 % of it)`` where one host range's name holds :data:`RANGE_SHARE` of
+    the unexplained idle, the outermost of the names that do; None otherwise."""
+    total = iv.total(unattributed)
+    host = tl.host
+    if total <= 0 or not len(host) or not tl.strings:
+        return None
+    ranges = (host.kind == HostKind.ANNOTATION) & ~names.region[host.name] & ~names.profiler_step[host.name]
+    rows = np.flatnonzero(ranges)
+    best: tuple[int, int, int] | None = None
+    for name in distinct(host.name[rows]).tolist():
+        mine = rows[host.name[rows] == name]
+        if int((host.end[mine] - host.start[mine]).sum()) < RANGE_SHARE * total:
+            continue
+        covered = iv.total(iv.intersect(iv.union(host.start[mine], host.end[mine]), unattributed))
+        span = int((host.end[mine] - host.start[mine]).max())
+        if covered >= RANGE_SHARE * total and (best is None or span > best[2]):
+            best = (int(name), covered, span)
+    if best is None:
+        return None
+    return f"the range {tl.strings[best[0]]!r} ({best[1] / 1e6:.2f} ms, {best[1] / total:.0%} of it)"
