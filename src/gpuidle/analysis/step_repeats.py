@@ -29,6 +29,7 @@ import numpy as np
 from gpuidle.analysis.links import launch_times, launcher_rows
 from gpuidle.analysis.names import NameClasses
 from gpuidle.model import I64, HostKind, Steps, Timeline
+from gpuidle.model.arrays import distinct
 
 REPEATING_RANGES = "repeating_ranges"
 DEVICE_PERIOD = "device_period"
@@ -121,7 +122,10 @@ def device_period(tl: Timeline) -> Steps:
     none = Steps(empty, empty.copy(), empty.copy(), DEVICE_PERIOD)
     if len(ops) < MIN_REPEATS:
         return none
-    device = int(np.argmax(np.bincount(ops.device)))
+    ordered = np.sort(ops.device)
+    devices = distinct(ordered)
+    counts_of = np.searchsorted(ordered, devices, side="right") - np.searchsorted(ordered, devices, side="left")
+    device = int(devices[np.argmax(counts_of)])
     rows = np.flatnonzero(ops.device == device)
     rows = rows[np.argsort(ops.start[rows], kind="stable")]
     names = ops.name[rows].astype(np.int64)
