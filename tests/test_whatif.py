@@ -293,3 +293,16 @@ def test_a_trace_of_device_events_alone_says_so_first(tmp_path: Path) -> None:
     assert "host activity not recorded" in headline
     assert text.index("What this trace can tell") < text.index("Nothing to fix")
     assert "ProfilerActivity.CPU" in text
+
+
+def test_every_format_says_what_the_trace_lacks_above_the_fixes(tmp_path: Path) -> None:
+    from gpuidle.report.html import HtmlRenderer
+    from gpuidle.report.jsonout import JsonRenderer
+    from gpuidle.report.markdown import MarkdownRenderer
+
+    report = analyze([no_cpu_events(tmp_path)])
+    md = MarkdownRenderer().render(report)
+    assert md.index("### What this trace can tell") < md.index("### Top fixes")
+    page = HtmlRenderer().render(report)
+    assert page.index('<section id="quality">') < page.index('<section id="recommendations">')
+    assert '"kind":"host_unrecorded"' in JsonRenderer().render(report).replace(" ", "")
