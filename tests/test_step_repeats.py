@@ -131,3 +131,20 @@ def test_one_engine_iteration_is_told_the_engine_s_profiler(tmp_path: Path) -> N
     assert q.recording is not None
     assert "llm.start_profile()" in q.recording
     assert "prof.step()" not in q.recording
+
+
+def test_a_window_of_graph_capture_is_said_so(tmp_path: Path) -> None:
+    """A warm-up kernel, 5 ms of CUDA-graph capture (its 30 launches recorded, not run), one replay: the trace shows
+    the graphs prepared, not run; its launches inside the capture are no lost records."""
+    t = Trace()
+    t.launch(at=0, call_dur=5, start=10, dur=100, name=SGEMM)
+    t.runtime("cudaStreamBeginCapture", 300, 5)
+    for k in range(30):
+        t.runtime("cudaLaunchKernel", 400 + k * 150, 5)
+        t.events[-1]["args"]["correlation"] = 50_000 + k
+    t.runtime("cudaStreamEndCapture", 5_300, 5)
+    t.launch(at=5_350, call_dur=5, start=5_400, dur=100, name=SGEMM, call="cudaGraphLaunch")
+    report = analyze([t.write(tmp_path / "capture.json.gz")])
+    kinds = {q.kind for q in report.quality}
+    assert "capture_only" in kinds
+    assert "device_records_lost" not in kinds

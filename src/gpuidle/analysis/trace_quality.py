@@ -84,7 +84,9 @@ def rank_quality(tl: Timeline, names: NameClasses, window: StepWindow, report: R
             says=(f"CUDA-graph capture is {capture * 1e3:.1f} ms of the {report.window.dur_s * 1e3:.1f} ms window: "
                   "the trace shows the graphs being prepared, not their replay"),
             recording="profile after warm-up: steps that replay the captured graphs"))
-    lost = _launches_without_kernel(tl, names)
+    captures = [(round(c.start_s * 1e9), round((c.start_s + c.dur_s) * 1e9)) for c in report.startup
+                if c.kind == "graph_capture"]
+    lost = _launches_without_kernel(tl, names, captures)
     if lost is not None:
         n, total = lost
         out.append(TraceQuality(
@@ -111,13 +113,18 @@ def _list(xs: list[int]) -> str:
     return ", ".join(str(x) for x in xs)
 
 
-def _launches_without_kernel(tl: Timeline, names: NameClasses) -> tuple[int, int] | None:
+def _launches_without_kernel(tl: Timeline, names: NameClasses,
+                             captures: list[tuple[int, int]]) -> tuple[int, int] | None:
     """Launch calls whose correlation id no device record carries, and all launch calls with one, where the first
-    are past :data:`LOST_SHARE` of the second and :data:`LOST_MIN`."""
+    are past :data:`LOST_SHARE` of the second and :data:`LOST_MIN`; launches inside a graph capture (``captures``)
+    are recorded, not run, and count in neither."""
     host = tl.host
     if not len(host) or not tl.strings:
         return None
-    launch = np.flatnonzero((host.kind == HostKind.RUNTIME) & names.launch_call[host.name] & (host.correlation >= 0))
+    launching = (host.kind == HostKind.RUNTIME) & names.launch_call[host.name] & (host.correlation >= 0)
+    for begin, end in captures:
+        launching &= ~((host.start >= begin) & (host.start < end))
+    launch = np.flatnonzero(launching)
     if launch.size == 0:
         return None
     known = np.sort(tl.device_ops.correlation[tl.device_ops.correlation >= 0])  # np.isin loads numpy.ma: 8 ms
