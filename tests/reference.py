@@ -43,10 +43,12 @@ CONTEXT = re.compile(r"^(cuda|hip)Free$|^cuInit$|^cuCtx(Create|SetCurrent)|^cuDe
                      r"|^(cuda|hip)DriverGetVersion$")
 MODULE_OR_STREAM = re.compile(r"^cuModuleLoad|^cuLibraryLoad|^hipModuleLoad|^cudaFuncGetAttributes$"
                               r"|^(cuda|hip)StreamCreate|^cuStreamCreate|^(cuda|hip)EventCreate")
-ALLOC = re.compile(r"^(cuda|hip)Malloc|^cuMemAlloc|^cuMemCreate|^(cuda|hip)HostAlloc$|^hipHostMalloc$|^hipExtMalloc")
+ALLOC = re.compile(r"^(cuda|hip)Malloc|^cuMemAlloc|^cuMemCreate|^(cuda|hip)HostAlloc$|^hipHostMalloc$|^hipExtMalloc"
+                   r"|^(cuda|hip)Free(Host)?$|^cuMemFree|^cuMemRelease")
 COMPILING = re.compile(r"compile_inner|compile_fx|call_user_compiler|inductor_compile|create_aot_dispatcher_function"
                        r"|async_compile|^nvrtcCompileProgram$|^cuLink(Complete|Create)|^(hip|cu)rtcCompileProgram"
                        r"|XlaCompile|BackendCompile|^PjRtCompile|jit_compile", re.I)
+COMPILING_RANGE = re.compile(r"nvrtc|(?<![a-z])(re)?compil(e(?!d)|ing|ation)", re.I)
 
 
 def ns(us: Any) -> int:
@@ -203,7 +205,7 @@ def startup_spans(t: RefTrace) -> list[tuple[int, int]]:
                 out.append((h.start, h.end))
             elif long and ALLOC.search(h.name):
                 allocs.append(h)
-        if long and COMPILING.search(h.name):
+        if long and (COMPILING.search(h.name) or (h.cat != "python_function" and COMPILING_RANGE.search(h.name))):
             out.append((h.start, h.end))
     starts = [*step_starts(t), hi] if t.steps else [lo, hi]
     if len(starts) <= 2 or not any(starts[-2] <= h.start < starts[-1] for h in allocs):

@@ -314,7 +314,8 @@ def test_unexplained_idle_says_whether_the_program_marks_ranges(tmp_path: Path, 
             e.nvtx("halo exchange", start + 10, 100)
         e.launch(at=start, call_dur=10, start=start + 10, dur=200)
         e.launch(at=start + 990, call_dur=5, start=start + 995, dur=5)
-    (rec,) = [r for r in run(e, tmp_path).recommendations if r.id == "record_cpu_activity"]
-    missing = " · ".join(rec.evidence["missing"])  # type: ignore[arg-type]
-    assert ("2 host ranges recorded: the idle falls outside them" in missing) is ranges
-    assert ("not marked with NVTX" in missing) is not ranges
+    report = run(e, tmp_path)
+    assert not [r for r in report.recommendations if r.cause == "unattributed"]
+    (q,) = [q for q in report.quality if q.kind == "host_unrecorded"]
+    assert ("2 host ranges are recorded, and the idle falls outside them" in q.says) is ranges
+    assert (q.recording is not None and "NVTX" in q.recording) is not ranges

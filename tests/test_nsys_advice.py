@@ -15,6 +15,7 @@ import pytest
 
 from gpuidle.advice.cuda import CUDA_FIXES, NSYS_TRACE, STRAGGLER_LOADER, for_cuda
 from gpuidle.advice.whatif import Effect, Proposal, placeholder
+from gpuidle.analysis.trace_quality import HOST_ACTIVITY
 from gpuidle.model import Recommendation
 
 
@@ -35,7 +36,7 @@ def _declared(folder: Path) -> str:
 def test_cuda_runtime_and_nvtx_names_exist() -> None:
     runtime = _declared(_include("nvidia.cuda_runtime"))
     nvtx = _declared(_include("nvidia.nvtx"))
-    text = "\n".join(title + "\n" + fix for title, fix in CUDA_FIXES.values())
+    text = "\n".join([*(title + "\n" + fix for title, fix in CUDA_FIXES.values()), *HOST_ACTIVITY.values()])
     cuda_names = set(re.findall(r"\b(cuda[A-Z]\w*|CUDA_R_\w+)\b", text)) | {"CUDA_R_16F"}  # the fp16 variant
     nvtx_names = set(re.findall(r"\b(nvtx[A-Z]\w*)\b", text))
     assert {"cudaMallocHost", "cudaMemcpyAsync", "cudaStreamBeginCapture", "cudaGraphLaunch"} <= cuda_names

@@ -78,7 +78,7 @@ def test_a_host_running_ahead_gets_the_devices_steps() -> None:
     got = [(s.start_s - rank.steps[0].start_s) * 1e9 for s in rank.steps]
     assert got == pytest.approx([x - starts[0] for x in starts], abs=1_000)
     assert [round(s.dur_s * 1e3) for s in rank.steps] == [98, 96, 96, 96, 95]
-    assert any("run ahead of the device" in n for n in rank.notes)
+    assert any("run ahead of the device" in q.says for q in rank.quality if q.kind == "host_ahead")
 
 
 @pytest.mark.parametrize("name", GPU_TRACES)

@@ -299,7 +299,7 @@ def test_an_exposed_all_to_all_is_a_cause_with_a_fix_never_no_cause(tmp_path: Pa
     assert rec.gain.step_s_saved_high == pytest.approx(0.8 * exposed, rel=0.05)
     assert words in rec.fix
     assert ("overlap_moe_expert_parallel_comm" in rec.fix) == ("megatron" in model)
-    assert "No fix stands out" not in TerminalRenderer().render(report, RenderOptions(width=200))
+    assert "Nothing to fix" not in TerminalRenderer().render(report, RenderOptions(width=200))
 
 
 @pytest.mark.parametrize(("world", "words"), [(8, "peer links"), (16, "NCCL transport")])

@@ -149,7 +149,7 @@ def test_an_end_of_profile_tail_is_left_out_of_the_window(tmp_path: Path) -> Non
             t.launch(at=at * 1000 + 10, call_dur=10, start=at * 1000 + 30, dur=160_000)
             t.op("aten::add", at * 1000 + 160_000, 9_000)
         (rank,) = analyze([t.write(tmp_path / f"tail{tail_ms}.json.gz")]).ranks
-        return rank.window.dur_s, [n for n in rank.notes if "tail" in n]
+        return rank.window.dur_s, [q.says for q in rank.quality if q.kind == "profile_tail"]
 
     dur, notes = job(25.0)
     assert dur == pytest.approx(3 * 0.170 + 0.169)  # to the end of the last step's aten::add

@@ -261,7 +261,7 @@ def test_a_fit_without_the_wrapped_dataset_says_its_data_wait_was_not_measured(t
     assert "data_loading not measured" in headline
     assert "utilization not measured" in headline
     assert f"utilization {report.ranks[0].primary().utilization * 100:.1f} %" not in text
-    assert "No fix stands out" not in text
+    assert "Nothing to fix" not in text
     from gpuidle.api import analyze_tracker
 
     assert analyze_tracker([tmp_path]).recommendations[0].id == "measure_data_loading"  # read back from the logs

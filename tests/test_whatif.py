@@ -249,17 +249,15 @@ def no_cpu_events(tmp_path: Path) -> Path:
     return t.write(tmp_path / "gpu_only.json.gz")
 
 
-def test_unattributed_idle_is_explained(tmp_path: Path) -> None:
+def test_unattributed_idle_is_said_as_what_the_trace_lacks(tmp_path: Path) -> None:
+    """Idle with no host event under it is a statement of what the trace lacks, with the recording change, never a
+    fix: the fixes hold changes to the program only."""
     report = analyze([no_cpu_events(tmp_path)])
-    (rec,) = [r for r in report.recommendations if r.cause == "unattributed"]
-    assert rec.id == "record_cpu_activity"
-    assert rec.gain.step_s_saved is None
-    assert rec.gain.reason
-    missing = rec.evidence["missing"]
-    assert any("no CPU operators" in m for m in missing)
-    assert "ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA" in rec.fix
-    assert "record_shapes=True" in rec.fix
-    assert "with_stack=True" in rec.fix
+    assert not [r for r in report.recommendations if r.cause == "unattributed"]
+    (q,) = [q for q in report.quality if q.kind == "host_unrecorded"]
+    assert "no host operators or ranges recorded" in q.says
+    assert q.recording is not None
+    assert "ProfilerActivity.CPU" in q.recording
 
 
 def test_the_profiler_arguments_exist() -> None:
@@ -280,16 +278,32 @@ def test_falling_utilization_is_told_with_digits_that_differ() -> None:
 
 
 def test_a_trace_of_device_events_alone_says_so_first(tmp_path: Path) -> None:
-    """No host event recorded: the headline says the idle cannot be split, and the first fix is to record it."""
+    """No host event recorded: the headline says the idle cannot be split, and the block above the fixes how to record
+    it."""
     from gpuidle.report.common import RenderOptions
     from gpuidle.report.terminal import TerminalRenderer
 
     report = analyze([no_cpu_events(tmp_path)])
     (rank,) = report.ranks
     assert rank.unmeasured == ["host_activity"]
-    assert report.recommendations[0].id == "record_cpu_activity"
+    assert not report.recommendations
     text = TerminalRenderer().render(report, RenderOptions(width=200))
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("rank 0 · device"))
     headline = " ".join(lines[at:at + 3])  # the device, its idle, and what was not measured
     assert "host activity not recorded" in headline
+    assert text.index("What this trace can tell") < text.index("Nothing to fix")
+    assert "ProfilerActivity.CPU" in text
+
+
+def test_every_format_says_what_the_trace_lacks_above_the_fixes(tmp_path: Path) -> None:
+    from gpuidle.report.html import HtmlRenderer
+    from gpuidle.report.jsonout import JsonRenderer
+    from gpuidle.report.markdown import MarkdownRenderer
+
+    report = analyze([no_cpu_events(tmp_path)])
+    md = MarkdownRenderer().render(report)
+    assert md.index("### What this trace can tell") < md.index("### Top fixes")
+    page = HtmlRenderer().render(report)
+    assert page.index('<section id="quality">') < page.index('<section id="recommendations">')
+    assert '"kind":"host_unrecorded"' in JsonRenderer().render(report).replace(" ", "")

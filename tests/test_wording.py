@@ -271,14 +271,14 @@ def test_inference_gets_inference_snippets(tmp_path: Path) -> None:
     assert w is not None
     assert w.mode == "inference"
     recs = by_id(report)
-    assert {"remove_host_sync", "mixed_precision", "move_cpu_work", "record_cpu_activity"} <= set(recs)
+    assert {"remove_host_sync", "mixed_precision", "move_cpu_work"} <= set(recs)
+    assert "record_cpu_activity" not in recs   # what the trace lacks is said above the fixes, never as one
     idle = {k: v for k, v in report.ranks[0].primary().idle_by_cause_s.items() if v}
     assert idle == pytest.approx({"launch_overhead": 4 * 15 * US, "host_sync": 4 * 300 * US,
                                   "cpu_compute": 4 * 400 * US, "unattributed": 4 * (5 + 480) * US})
     assert "out_host.copy_(out, non_blocking=True)" in recs["remove_host_sync"].fix
     assert recs["mixed_precision"].fix.startswith("with torch.inference_mode(), torch.autocast(")
     assert "off the serving thread" in recs["move_cpu_work"].fix
-    assert "    for batch in requests:\n        model(batch)\n" in recs["record_cpu_activity"].fix
     for rec in report.recommendations:
         assert [w for w in TRAINING_WORDS if w in rec.fix.lower()] == [], rec.id
 
@@ -328,7 +328,6 @@ def test_training_keeps_the_training_snippets(tmp_path: Path) -> None:
     assert "running_loss += loss.detach()" in recs["remove_host_sync"].fix
     assert "scaler.step(optimizer)" in recs["mixed_precision"].fix      # volta kernels: fp16 with loss scaling
     assert "DataLoader workers" in recs["move_cpu_work"].fix
-    assert "train_step(batch)" in recs["record_cpu_activity"].fix
 
 
 ALLREDUCE_F32 = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"

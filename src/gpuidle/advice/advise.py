@@ -14,8 +14,6 @@ from gpuidle.advice.rules import recommend, straggler_recommendations
 from gpuidle.advice.whatif import Proposal, plan
 from gpuidle.model import Combined, Declined, Gain, JobReport, RankReport, Recommendation
 
-FIRST = "record_more_steps"
-"""How to measure what is missing comes before the fixes it would size."""
 MEASURED_BY = {"host_activity": "record_cpu_activity"}
 """Unmeasured causes whose rule already says how to measure them (a trace of device events alone)."""
 
@@ -48,8 +46,8 @@ def advise(reports: Sequence[RankReport], job: JobReport | None, framework: str 
     if framework == CUDA_APPLICATION:
         proposals = for_cuda(proposals)
     recs, combined = plan(in_framework(proposals, framework), reports, include_all, job)
-    recs = sorted(recs, key=lambda x: x.id != FIRST and not (x.id == "record_cpu_activity"
-                                                             and any(r.unmeasured for r in reports)))
+    # how to measure what a tracker run could not comes before the fixes it would size
+    recs = sorted(recs, key=lambda x: not (x.id == "record_cpu_activity" and any(r.unmeasured for r in reports)))
     offered = {x.id for x in recs}
     first = [m for m in measure_first(reports) if MEASURED_BY.get(str(m.evidence["not_measured"])) not in offered]
     return Advice([*first, *recs], combined, declined)

@@ -90,34 +90,11 @@ CUDA_FIXES: dict[str, tuple[str, str]] = {
         "// larger per-GPU problem, fewer and larger collectives (ncclGroupStart()/ncclGroupEnd()),\n"
         "// and run them on their own stream while independent kernels run",
     ),
-    "record_more_steps": (
-        "One step in the window: profile several steps before acting on a per-step gain",
-        "// mark each iteration, then trace several of them:\n"
-        "nvtxRangePushA(\"step\");  /* one iteration */  nvtxRangePop();   // #include <nvtx3/nvToolsExt.h>\n"
-        "// " + NSYS_TRACE,
-    ),
-    "record_cpu_activity": (
-        "The trace cannot explain most of the idle time: record host activity with it",
-        "// trace the CUDA API, OS calls and your own ranges:\n"
-        "// " + NSYS_TRACE + "\n"
-        "nvtxRangePushA(\"load input\");  /* ... */  nvtxRangePop();     // #include <nvtx3/nvToolsExt.h>",
-    ),
 }
 STRAGGLER_LOADER = "its DataLoader workers"
 PYTORCH_ONLY = frozenset({"ddp_no_sync", "ddp_bucket_cap", "comm_compression", "zero_grad_set_to_none",
                           "moe_all_to_all_overlap", *PYTORCH_LIBRARIES})
 """Fixes in PyTorch's API or its libraries' settings: not in this stack for a CUDA program."""
-
-
-def _cuda_evidence(evidence: dict[str, object]) -> dict[str, object]:
-    """What a trace lacks, said for a CUDA program: it has no PyTorch operators to record."""
-    missing = evidence.get("missing")
-    if not isinstance(missing, list):
-        return evidence
-    said = [m for m in missing if "ProfilerActivity" not in str(m)]
-    if len(said) < len(missing) and not any("host ranges recorded" in str(m) for m in said):
-        said.append("no host ranges: the program's phases are not marked with NVTX")
-    return {**evidence, "missing": said}
 
 
 def for_cuda(proposals: list[Proposal]) -> list[Proposal]:
@@ -132,7 +109,7 @@ def for_cuda(proposals: list[Proposal]) -> list[Proposal]:
             if rec.id == "mixed_precision" and rec.evidence.get("dtype") == "fp16":  # before sm 80: no bf16, no TF32
                 fix = "\n".join(line for line in fix.splitlines()[2:]).replace("CUDA_R_16BF", "CUDA_R_16F")
                 title = "GEMMs/convolutions run in fp32: use the tensor cores with fp16 inputs"
-            rec = msgspec.structs.replace(rec, title=title, fix=fix, evidence=_cuda_evidence(rec.evidence))
+            rec = msgspec.structs.replace(rec, title=title, fix=fix)
         elif rec.id.startswith("straggler_rank_"):
             rec = msgspec.structs.replace(rec, fix=rec.fix.replace(STRAGGLER_LOADER, "its input-reading threads"))
         out.append(Proposal(rec, p.effects))

@@ -119,13 +119,6 @@ TENSORFLOW: dict[str, Wording | None] = {
         "Communication takes as long as compute: more work per all-reduce",
         "# raise the per-GPU batch (scale the learning rate linearly), or accumulate gradients:\n"
         "optimizer = tf.keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=4)"),
-    "record_more_steps": Wording(
-        "One step in the window: profile several steps before acting on a per-step gain",
-        "tf.profiler.experimental.start(\"logs\")\n"
-        "for step, (x, y) in enumerate(dataset.take(7)):\n"
-        "    with tf.profiler.experimental.Trace(\"train\", step_num=step, _r=1):   # marks each step\n"
-        "        train_step(x, y)\n"
-        "tf.profiler.experimental.stop()"),
     "record_cpu_activity": Wording(
         "The profile cannot explain most of the idle time: record host activity with it",
         "options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=1,\n"
@@ -218,13 +211,6 @@ JAX: dict[str, Wording | None] = {
         "# raise the per-GPU batch (scale the learning rate linearly), or accumulate micro-batches with\n"
         "# jax.lax.scan and all-reduce once; overlap the rest:\n"
         "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python train.py"),
-    "record_more_steps": Wording(
-        "One step in the window: profile several steps before acting on a per-step gain",
-        "with jax.profiler.trace(\"logs\"):\n"
-        "    for step in range(7):\n"
-        "        with jax.profiler.StepTraceAnnotation(\"train\", step_num=step):   # marks each step\n"
-        "            state, loss = train_step(state, next(batches))\n"
-        "    jax.block_until_ready(loss)"),
     "record_cpu_activity": Wording(
         "The profile cannot explain most of the idle time: record host activity with it",
         "options = jax.profiler.ProfileOptions()\n"
@@ -295,31 +281,6 @@ ENGINE_PRECISION: dict[str, str] = {
 device's matrix units take)."""
 
 
-ENGINE_PROFILE: dict[str, str] = {
-    "vllm": (
-        "# vLLM's iterations are the steps: profile several of them with the engine's own profiler\n"
-        "VLLM_TORCH_PROFILER_DIR=./traces vllm serve MODEL   # then POST /start_profile, requests, POST /stop_profile\n"
-        "# offline: llm.start_profile(); llm.generate(prompts); llm.stop_profile()"),
-    "sglang": (
-        "# SGLang's iterations are the steps: profile several of them with the engine's own profiler\n"
-        "SGLANG_TORCH_PROFILER_DIR=./traces python -m sglang.launch_server --model-path MODEL\n"
-        "# then POST /start_profile, send requests, POST /stop_profile"),
-}
-"""How to record several steps of a serving engine: its own profiler, around its iterations."""
-SERVING_LOOP = ("    for batch in loader:\n        train_step(batch)\n",
-                "    for batch in requests:\n        model(batch)\n")
-"""A profiler schedule's loop as a training step writes it, and as an inference program does."""
-
-
-def profile_loop(workload: Workload | None, fix: str) -> str:
-    """A profiler recipe in the program's idiom: an engine's own profiler, an inference loop, or the training loop."""
-    if workload is not None and workload.engine in ENGINE_PROFILE:
-        return ENGINE_PROFILE[workload.engine]
-    if workload is not None and workload.mode == "inference":
-        return fix.replace(*SERVING_LOOP)
-    return fix
-
-
 def engine_batch(workload: Workload | None) -> tuple[str, str] | None:
     return ENGINE_BATCH.get(workload.engine) if workload is not None and workload.engine else None
 
@@ -386,9 +347,6 @@ KERAS: dict[str, Wording | None] = {
         "Communication takes as long as compute: more work per all-reduce, overlapped",
         "optimizer = keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=4)   # or a larger batch\n"
         "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python train.py"),
-    "record_more_steps": Wording(
-        "One step in the window: profile several steps before acting on a per-step gain",
-        "model.fit(dataset, epochs=1, callbacks=[keras.callbacks.TensorBoard(\"logs\", profile_batch=(10, 15))])"),
     "record_cpu_activity": Wording(
         UNEXPLAINED_BY_TRACKER,
         "options = jax.profiler.ProfileOptions()\n"

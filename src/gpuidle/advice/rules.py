@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.advice.comm_rules import embedding_all_to_all, exposed_all_to_all, exposed_communication
-from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, graph_fix, profile_loop
+from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, graph_fix
 from gpuidle.advice.hardware import hardware
 from gpuidle.advice.host_rules import cpu_work, larger_batch
 from gpuidle.advice.mesh_rules import MESH_RULES
@@ -231,47 +231,22 @@ PROFILE_ARGS = (
 
 
 def explain_unattributed(x: RuleInput) -> list[Proposal]:
-    """When the trace cannot say why the device waits, say what it lacks and how to record it."""
+    """When a tracker run cannot say why the device waits, how to record a profile that can. A trace's own gaps are
+    said as what it cannot tell (:mod:`gpuidle.analysis.trace_quality`), never as a fix."""
     un = x.idle(Cause.UNATTRIBUTED)
     idle = sum(v for k, v in x.state.idle.items() if k != Cause.STRAGGLER_WAIT.value)
-    if un <= 0 or x.share(Cause.UNATTRIBUTED) < MIN_SHARE:
+    if x.report.host_events is not None or un <= 0 or x.share(Cause.UNATTRIBUTED) < MIN_SHARE:
         return []
     largest = max(x.state.idle, key=lambda c: x.state.idle[c])
     if largest != Cause.UNATTRIBUTED.value and un <= idle / 2:
         return []
-    ev = x.report.host_events
-    if ev is None:
-        missing = ["step timing cannot split idle into launch overhead, host syncs and host work"]
-        fix = "tracker.profile(steps=range(100, 105))   # a profiler trace of 5 steps, for gpuidle analyze\n" \
-              "# it records as:\n" + "\n".join("# " + line for line in PROFILE_ARGS.splitlines())
-    else:
-        missing = []
-        if ev.get("cpu_ops", 0) == 0:
-            missing.append("no CPU operators (ProfilerActivity.CPU was not recorded)")
-            if ev.get("annotations", 0):
-                missing.append(f"{ev['annotations']} host ranges recorded: the idle falls outside them")
-        if ev.get("runtime_calls", 0) == 0:
-            missing.append("no CUDA/HIP runtime calls")
-        elif ev.get("linked_launches", 0) == 0:
-            missing.append("no runtime call is linked to a kernel (no correlation ids)")
-        if ev.get("graph_or_driver_launches", 0):
-            missing.append(f"{ev['graph_or_driver_launches']} launches through CUDA graphs or the driver API: "
-                           "their kernels have no operator")
-        if not missing:
-            missing.append("the host is between operators and outside the recorded Python frames (another thread, "
-                           "the GIL, or a process the trace does not record)" if x.python_stacks else
-                           "the host is between operators (Python, or a thread the trace does not record)")
-        fix = PROFILE_ARGS
-        if x.python_stacks:  # asked for what is there: say so and do not ask again
-            fix = fix.replace("    with_stack=True,           # Python stacks of the operators: where the host "
-                              "time goes\n", "")
-            missing.append(f"{ev['python_functions']} Python frames recorded (with_stack is on)")
-        fix = profile_loop(x.report.workload, fix)
+    fix = "tracker.profile(steps=range(100, 105))   # a profiler trace of 5 steps, for gpuidle analyze\n" \
+          "# it records as:\n" + "\n".join("# " + line for line in PROFILE_ARGS.splitlines())
     return [x.rec(
-        "record_cpu_activity", Cause.UNATTRIBUTED, UNEXPLAINED_BY_TRACKER if ev is None else
-        "The trace cannot explain most of the idle time: record host activity with it",
+        "record_cpu_activity", Cause.UNATTRIBUTED, UNEXPLAINED_BY_TRACKER,
         {"unattributed_ms_per_step": _ms(un), "unattributed_share_of_idle": round(un / idle, 3) if idle else None,
-         "missing": missing, "recorded_by": "step tracker" if ev is None else "trace"},
+         "missing": ["step timing cannot split idle into launch overhead, host syncs and host work"],
+         "recorded_by": "step tracker"},
         fix, Effect(reason="the trace does not say what the host did while the device waited"),
     )]
 
@@ -296,31 +271,7 @@ def recommend(report: RankReport, accumulation_repeats: int = 1, rules: list[Rul
     x = RuleInput(report, report.primary(), rank_state(report, include_all),
                   len(counted(report.steps, include_all)), accumulation_repeats, include_all)
     proposals, declined = offered(x, [p for rule in rules for p in rule(x)])
-    return [*more_steps(x), *(per_step(x, p) for p in proposals), *unsized_causes(x, proposals)], declined
-
-
-TRACE_QUALITY = "trace_quality"
-"""The cause of a fix to the recording itself: it removes no idle, it makes the idle measurable."""
-
-
-def more_steps(x: RuleInput) -> list[Proposal]:
-    """A window of one step holds no steady step to take a per-step gain from: say so, and how to record more."""
-    if len(counted(x.report.steps, x.include_all)) >= 2 or x.device.idle_s <= 0:
-        return []
-    return [x.rec(
-        "record_more_steps", TRACE_QUALITY,
-        "One step in the window: profile several steps before acting on a per-step gain",
-        {"steps_in_window": len(x.report.steps), "step_source": x.report.step_source},
-        profile_loop(x.report.workload,
-                     "with torch.profiler.profile(\n"
-                     "    schedule=torch.profiler.schedule(wait=1, warmup=2, active=5),   # five steady steps\n"
-                     "    on_trace_ready=torch.profiler.tensorboard_trace_handler(\"./traces\"),\n"
-                     ") as prof:\n"
-                     "    for batch in loader:\n"
-                     "        train_step(batch)\n"
-                     "        prof.step()                  # marks each step: ProfilerStep#N"),
-        Effect(reason="a recording advice: it saves nothing itself"), confidence="high",
-    )]
+    return [*(q for p in proposals if (q := per_step(x, p)) is not None), *unsized_causes(x, proposals)], declined
 
 
 RECUR_STEPS = 2
@@ -333,18 +284,35 @@ PRESENT = 0.005
 """A cause is in a step where its idle is at least this share of the step."""
 
 
-def per_step(x: RuleInput, p: Proposal) -> Proposal:
-    """``p`` as it is where each cause it removes recurs (:data:`RECUR_SHARE`); else with its gain not estimable and
-    the reason: one call in one step, or a window of one step, is no per-step cause. A fix of busy time alone
-    (precision: the GEMMs' fp32 time) is a property of the kernels each step runs, estimable from one step; a fix
-    whose idle is an outlier but whose busy part recurs (pageable copies' device time every step) keeps that part."""
+def per_step(x: RuleInput, p: Proposal) -> Proposal | None:
+    """``p`` as it is where each cause it removes recurs (:data:`RECUR_SHARE`; in a window of one step, where no one
+    call holds half of the cause's idle: it recurs within the step); else with its gain not estimable and the
+    reason: one call in one step is no per-step cause, nor is the idle of a trace that is a fragment of a step. A
+    fix of busy time alone (precision: the GEMMs' fp32 time) is a property of the kernels each step runs, estimable
+    from one step; a fix whose idle is an outlier but whose busy part recurs (pageable copies' device time every
+    step) keeps that part. None where its only cause is in no steady step at all (:data:`PRESENT`): a fix for idle
+    the steps lack is none."""
     steps = counted(x.report.steps, x.include_all)
     effect = p.effects.get(x.report.rank)
     if effect is None or effect.reason is not None:
         return p
-    if len(steps) < 2 and effect.idle:  # busy time a fix shortens (GEMMs in fp32) is the kernels': in every step
-        why = "one step in the window: a per-step gain needs its cause in several steps (profile more steps)"
+    causes = [c for c, v in effect.idle.items() if v > 0]
+    fragment = [q.says for q in x.report.quality if q.kind == "fragment"]
+    if fragment and causes:
+        why = f"the trace holds {fragment[0]}: no per-step gain is taken from its idle"
         return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
+    single = [c for c in causes if steps and c in steps[0].main_calls]
+    if len(steps) < 2 and single:
+        why = (f"one step in the window, its {', '.join(single)} idle under one call "
+               f"({steps[0].main_calls[single[0]].words()}): whether it recurs each step cannot be shown, so no "
+               "per-step gain is taken from it")
+        return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
+    if len(steps) < 2:
+        return p  # idle spread over many calls recurs within the step
+    step = float(np.median([s.dur_s for s in steps]))
+    if causes and effect.busy < PRESENT * step and not any(
+            s.idle_by_cause_s.get(c, 0.0) >= PRESENT * s.dur_s > 0 for s in steps for c in causes):
+        return None
     outliers: dict[str, str] = {}
     for cause, seconds in effect.idle.items():
         if seconds <= 0:

@@ -140,11 +140,13 @@ def attribute_idle(
     launchers: I64,
     straggler: dict[int, iv.Intervals] | None = None,
     startup: iv.Intervals = iv.EMPTY,
+    windows: dict[int, StepWindow] | None = None,
 ) -> list[DeviceIdle]:
     """Attribute the idle time of every device of ``tl`` (see the module docstring); ``startup``: host ranges
-    of one-time costs."""
+    of one-time costs; ``windows``: a device's own steps where the devices run theirs apart."""
     return [
-        _device_idle(tl, names, window, launchers, d, (straggler or {}).get(d, iv.EMPTY), startup)
+        _device_idle(tl, names, (windows or {}).get(d, window), launchers, d, (straggler or {}).get(d, iv.EMPTY),
+                     startup)
         for d in tl.devices
     ]
 

@@ -21,10 +21,11 @@ def quality_notes(tl: Timeline, names: NameClasses, window: StepWindow, kernels:
     notes: list[str] = []
     if window.kind == "gpu_activity" and not window.note:
         notes.append("no profiler steps and none could be inferred: the window is first to last GPU activity")
+    elif window.repeating is not None:
+        notes.append(f"no step markers: {len(window.steps)} steps from the range {window.repeating!r}, which repeats "
+                     "with the device's work launched under it")
     elif window.kind == "inferred_steps" and tl.meta.format in STEP_MARKERS:
         notes.append(f"no {STEP_MARKERS[tl.meta.format]}: steps inferred ({window.steps.source})")
-    if window.note:
-        notes.append(window.note)
     if kernels.median_launch_us is not None and kernels.median_launch_us > SLOW_LAUNCH_US:
         overhead = "profiler overhead (record_shapes/with_stack)" if tl.meta.format == "kineto" else "profiler overhead"
         notes.append(

@@ -13,10 +13,12 @@ A call is a start-up cost when it lasts at least :data:`STARTUP_MIN_NS` and
   it (a ``cudaFree`` after the last device work frees memory at teardown);
 - ``module_load``: it is the first launch of its kernel and lasts over :data:`FIRST_LAUNCH_FACTOR`
   times the median launch (or names module loading itself);
-- ``allocation``: no allocation that long comes in a later step (growth that stopped, not churn);
+- ``allocation``: an allocation or a free (a ``cudaFree`` after the first), no call that long in the last step
+  (growth that stopped, not churn);
 - ``stream``: it creates a stream or event;
 - ``compile``: it is a compilation or autotuning range (Inductor's and XLA's autotuning, cuDNN's algorithm
-  search);
+  search), or a host range that names compiling (an NVTX range around NVRTC or nvFuser's compilation:
+  ``compileFusion``, ``nvrtc: compile``; a ``Compiled Region`` runs compiled code and is not one);
 - ``graph_capture``: it captures a CUDA/HIP graph, from ``cudaStreamBeginCapture`` to the ``EndCapture``
   that closes it on the same thread (the launches in between are recorded, not run: the device idles), or
   instantiates one (``cudaGraphInstantiate``).
@@ -44,7 +46,9 @@ CONTEXT = re.compile(
 )
 MODULE = re.compile(r"^cuModuleLoad|^cuLibraryLoad|^hipModuleLoad|^cudaFuncGetAttributes$")
 ALLOCATION = re.compile(r"^(cuda|hip)Malloc|^cuMemAlloc|^cuMemCreate|^(cuda|hip)HostAlloc$|^hipHostMalloc$"
-                        r"|^hipExtMalloc")
+                        r"|^hipExtMalloc|^(cuda|hip)Free(Host)?$|^cuMemFree|^cuMemRelease")
+"""The allocator's growth and its frees (a caching allocator frees its cached blocks when it first runs short, or
+when a cold program's first allocations settle): one-time unless as long a call comes in the last step too."""
 STREAM = re.compile(r"^(cuda|hip)StreamCreate|^cuStreamCreate|^(cuda|hip)EventCreate")
 BEGIN_CAPTURE = re.compile(r"^(cuda|hip)StreamBeginCapture|^cuStreamBeginCapture")
 END_CAPTURE = re.compile(r"^(cuda|hip)StreamEndCapture|^cuStreamEndCapture")
@@ -55,6 +59,10 @@ COMPILE = re.compile(
     r"|^PjRtCompile|jit_compile|autotune|^cudnnFind\w*Algorithm|benchmark_choice",
     re.IGNORECASE,
 )
+COMPILE_RANGE = re.compile(r"nvrtc|(?<![a-z])(re)?compil(e(?!d)|ing|ation)", re.IGNORECASE)
+"""A host range (an annotation, an NVTX range), not a Python frame, that names compiling: ``compileFusion``,
+``nvrtc: compile``, ``XLA compilation``. A Python frame's name is its file's path (``vllm/compilation/...``, code
+that runs what was compiled)."""
 
 
 class Startup(msgspec.Struct, frozen=True):
@@ -93,7 +101,10 @@ def find_startup(tl: Timeline, names: NameClasses, window: StepWindow, launchers
     for kind in ("module_load", "stream"):
         for i in long[rt & classes[kind][name]]:
             found[int(i)] = (kind, strings[host.name[i]])
-    for i in long[classes["compile"][name]]:
+    classes["compile_range"] = np.zeros(len(strings), dtype=bool)
+    classes["compile_range"][named] = [COMPILE_RANGE.search(strings[i]) is not None for i in named.tolist()]
+    ranged = classes["compile_range"][name] & (host.kind[long] != HostKind.PYTHON)
+    for i in long[classes["compile"][name] | ranged]:
         found.setdefault(int(i), ("compile", strings[host.name[i]]))
     _allocations(tl, window, long[rt & classes["allocation"][name]], found)
     _first_launches(tl, names, launchers, found)

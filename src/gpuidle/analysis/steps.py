@@ -8,6 +8,8 @@ from the first to the last device activity.
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +17,7 @@ import numpy.typing as npt
 from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.links import launch_times, launcher_rows
 from gpuidle.analysis.names import NameClasses
+from gpuidle.analysis.step_repeats import DEVICE_PERIOD, device_period, repeating_ranges
 from gpuidle.model import I64, HostKind, StepReport, Steps, Timeline, ranges
 
 
@@ -28,6 +31,8 @@ class StepWindow(msgspec.Struct, frozen=True):
     """``profiler_steps`` (steps the profile marks itself), ``inferred_steps`` or ``gpu_activity``."""
     note: str | None = None
     """Where the steps were moved to the device's side: the host's markers ran ahead of it."""
+    repeating: str | None = None
+    """The name of the range the steps repeat, where they were found so (:mod:`gpuidle.analysis.step_repeats`)."""
 
     @property
     def bounds(self) -> I64:
@@ -77,6 +82,11 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     runtime = tl.host.kind == HostKind.RUNTIME
     calls = (np.append(launched, tl.host.start[runtime]), np.append(ops.end, tl.host.end[runtime]))
     steps, aside = on_device_work(find_steps(tl, names), ops.start, ops.end, calls)
+    repeating = None
+    if len(steps) == 0:
+        steps, repeating = repeating_ranges(tl, names, launchers)
+    if len(steps) == 0:
+        steps = device_period(tl)
     if len(steps) == 0:
         start, end = int(ops.start.min()), int(ops.end.max())
         source = SET_ASIDE if aside else "none"
@@ -85,12 +95,19 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     start, host_end = int(steps.start[0]), int(steps.end[-1])
     inside = (launched >= start) & (launched < host_end)
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
-    kind = "inferred_steps" if steps.source.startswith("inferred:") else "profiler_steps"
+    kind = ("inferred_steps" if steps.source.startswith("inferred:") or repeating or steps.source == DEVICE_PERIOD
+            else "profiler_steps")
     moved, note = device_side(steps, ops.start, launched)
     end, tail = _without_tail(tl, int(steps.start[-1]), moved, host_end, gpu_end if inside.any() else start)
     moved, cut = clipped(moved, end)
     notes = "; ".join(n for n in (aside, note, tail, cut) if n) or None
-    return StepWindow(moved, int(moved.start[0]), end, kind, notes)
+    return StepWindow(moved, int(moved.start[0]), end, kind, notes, repeating)
+
+
+def device_windows(tl: Timeline, names: NameClasses, launchers: I64) -> dict[int, StepWindow]:
+    """Each device's own window, where the devices run their steps apart (:attr:`Timeline.device_steps`)."""
+    return {d: step_window(dataclasses.replace(tl, steps=steps), names, launchers)
+            for d, steps in tl.device_steps.items()}
 
 
 I64_MAX = (1 << 63) - 1

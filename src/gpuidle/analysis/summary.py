@@ -21,7 +21,8 @@ from gpuidle.analysis.quality import quality_notes
 from gpuidle.analysis.sharded import classify, role_split
 from gpuidle.analysis.startup import Startup, find_startup
 from gpuidle.analysis.step_calls import main_calls
-from gpuidle.analysis.steps import NO_GPU_WORK, steady_state, step_window, truncated_edges
+from gpuidle.analysis.steps import NO_GPU_WORK, device_windows, steady_state, step_window, truncated_edges
+from gpuidle.analysis.trace_quality import rank_quality
 from gpuidle.analysis.workload import workload
 from gpuidle.model import (
     CAUSES,
@@ -109,7 +110,8 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
     launchers = launcher_rows(tl)
     window = step_window(tl, names, launchers)
     startup = find_startup(tl, names, window, launchers)
-    idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges())
+    idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges(),
+                          windows=device_windows(tl, names, launchers))
     kernels = kernel_facts(tl, names, window, launchers)
     coll = find_collectives(tl, window, launchers)
     primary = max(idle, key=lambda d: (d.busy_ns, -d.device))
@@ -158,6 +160,8 @@ def summarize_rank(tl: Timeline) -> RankAnalysis:
         python_hotspots=python_hotspots(tl, primary), sync_sources=sync_sources(tl, primary),
         unmeasured=[HOST_ACTIVITY] if not (events["cpu_ops"] or events["runtime_calls"]) and primary.idle_ns else [],
     )
+    unexplained = cause == CAUSE_INDEX[Cause.UNATTRIBUTED]
+    report.quality = rank_quality(tl, names, window, report, (seg_s[unexplained], seg_e[unexplained]))
     step_of = np.clip(np.searchsorted(bounds, seg_s[exposed], side="right") - 1, 0, bounds.size - 2)
     on_primary = coll.device == primary.device
     return RankAnalysis(

@@ -8,6 +8,7 @@ from pathlib import Path
 from gpuidle.advice.advise import advise, framework_of
 from gpuidle.analysis.ranks import job_report
 from gpuidle.analysis.summary import RankAnalysis
+from gpuidle.analysis.trace_quality import job_quality
 from gpuidle.errors import GpuidleError
 from gpuidle.jobs.rank import RankOutcome
 from gpuidle.model import HOST_RANK_NOTE, XSPACE_FORMAT, AnalysisReport, Source
@@ -43,7 +44,7 @@ def merge_job(
         source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
                       skipped=skipped, framework=framework),
         ranks=reports, job=job, recommendations=advice.recommendations, combined=advice.combined,
-        declined=advice.declined, include_warmup=include_warmup,
+        declined=advice.declined, include_warmup=include_warmup, quality=job_quality(reports),
     )
 
 

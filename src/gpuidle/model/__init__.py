@@ -25,6 +25,7 @@ from .metrics import (
     TRACKER_METRICS,
     Metric,
 )
+from .quality import QUALITY_KINDS, TraceQuality
 from .report import (
     COMM_ROLES,
     PARALLELISM,
@@ -153,6 +154,7 @@ __all__ = [
     "LAST_SAMPLE",
     "MONITOR_FORMAT",
     "PARALLELISM",
+    "QUALITY_KINDS",
     "SCHEMA",
     "SCHEMA_MINOR",
     "SHAPE",
@@ -232,6 +234,7 @@ __all__ = [
     "SyncSource",
     "Timeline",
     "TraceMeta",
+    "TraceQuality",
     "TrackerEnd",
     "TrackerHeader",
     "TrackerLine",

@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from .jsonio import JsonStruct
 from .mesh import MeshDim
+from .quality import TraceQuality
 from .scaleout import ScaleOut
 from .timeline import CAUSES, I64, SCHEMA, SCHEMA_MINOR, WINDOW_LESS_STARTUP
 from .units import duration
@@ -279,6 +280,9 @@ class RankReport(msgspec.Struct):
     """What this run could not measure, said in the headline, its first fix how to measure it: ``data_loading``
     (a Keras fit not given ``callback.dataset``: its time counts as busy), ``host_activity`` (a trace of device
     events alone: its idle has no cause)."""
+    quality: list[TraceQuality] = []
+    """What this rank's trace cannot tell (:mod:`gpuidle.analysis.trace_quality`), gathered in
+    :attr:`AnalysisReport.quality`."""
 
     def primary(self) -> DeviceReport:
         """The device this rank trains on: the one with the most busy time."""
@@ -480,6 +484,9 @@ class AnalysisReport(JsonStruct, kw_only=True):
     declined: list[Declined] = msgspec.field(default_factory=list)
     """The fixes measured but not offered, each with the precondition that failed (``--explain``)."""
     include_warmup: bool = False
+    quality: list[TraceQuality] = msgspec.field(default_factory=list)
+    """What the input can and cannot tell, each with the recording change that would help: printed above the
+    fixes, never one of them."""
     """True: steps marked ``excluded`` still count in per-step figures and gains (``--include-warmup``)."""
     scale_out: ScaleOut | None = None
     """The job at more GPUs (``--scale-to N``); absent otherwise."""

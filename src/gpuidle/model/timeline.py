@@ -22,7 +22,7 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 12
+SCHEMA_MINOR = 13
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
 ``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
 3: ``source.framework``; 4: ``ranks[].backend``; 5: gains' ``step_s_saved_low``/``_high``, ``basis``,
@@ -34,7 +34,9 @@ all-reduces, once read as DDP; 7: ``communication.settings``, the framework's se
 8: ``devices[].window_s`` is the window less its start-up, ``busy_s + idle_s = window_s``: a report of an
 earlier minor is read so; 9: ``ranks[].sync_sources``, step sources ``device_steps``, ``engine_iterations``,
 ``named_ranges``; 10: ``steps[].main_calls``, ``communication.mesh``, ``steps[].comm_by_dim_s``; 11: ``scale_out``,
-the job at more GPUs; 12: ``declined``, ``steps[].zero_grad_s``, ``ranks[].workload.libraries``)."""
+the job at more GPUs; 12: ``declined``, ``steps[].zero_grad_s``, ``ranks[].workload.libraries``; 13: ``quality``
+and ``ranks[].quality``, what the trace cannot tell, no longer among the fixes; step sources ``repeating_ranges``
+and ``device_period``)."""
 WINDOW_LESS_STARTUP = 8
 """The minor from which ``devices[].window_s`` leaves start-up out."""
 
@@ -215,6 +217,10 @@ class Timeline:
     """(thread, thread) pairs, indices into :attr:`threads`: the first hands work to the second (a Python
     thread dispatching a compiled program to the thread that runs it and launches its kernels). Profilers
     that record such flows (XSpace) fill it; a thread handing work to a launching thread feeds the device."""
+    device_steps: dict[int, Steps] = field(default_factory=dict)
+    """Each device's own steps, where the devices run their steps apart (an XSpace profile's ``Steps`` line per
+    GPU, two GPUs' bursts hundreds of ms apart): each device's figures are over its own steps; :attr:`steps` is the
+    busiest device's. Empty where one set of steps holds for every device."""
     devices: list[int] = field(init=False)
     """Device indices with any activity, ascending."""
 

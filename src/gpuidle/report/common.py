@@ -29,6 +29,7 @@ from gpuidle.model import (
     StartupCost,
     StepReport,
     duration,
+    ranges,
 )
 from gpuidle.report.text import all_printable, printable
 
@@ -64,6 +65,8 @@ STEP_SOURCE_WORDS = {
     "device_steps": "steps from the profile's Steps line",
     "engine_iterations": "steps from the engine's iterations",
     "named_ranges": "steps from ranges named like steps",
+    "repeating_ranges": "steps from a range that repeats with the device's work under it",
+    "device_period": "steps from the device's own work, which repeats: no step markers in this profile",
     "tracker": "steps from the tracker",
     "inferred:dataloader_next": "steps inferred from DataLoader calls: no step markers in this profile",
     "inferred:optimizer_step": "steps inferred from optimizer steps: no step markers in this profile",
@@ -91,6 +94,19 @@ ms = duration
 
 def pct(share: float, digits: int = 1) -> str:
     return f"{share * 100:.{digits}f} %"
+
+
+QUALITY_HEAD = "What this trace can tell"
+
+
+def quality_lines(report: AnalysisReport) -> list[tuple[str, str | None]]:
+    """Each statement of what the trace cannot tell, with the recording change that would show it (or None)."""
+    several = len(report.ranks) > 1
+    out = []
+    for q in report.quality:
+        who = f" (rank{'s' if len(q.ranks) > 1 else ''} {ranges(q.ranks)})" if several and q.ranks else ""
+        out.append((f"{q.says}{who}", f"to see it: {q.recording}" if q.recording else None))
+    return out
 
 
 def step_rows(r: RankReport) -> list[tuple[str, str, str, str, str]]:
@@ -229,7 +245,7 @@ def run_words(report: AnalysisReport, sep: str = " · ") -> str:
 
 
 def window_words(r: RankReport, sep: str = " · ") -> str:
-    """``1 step(s) · 1,166.3 ms analysed (12,920.2 ms less 11,754.0 ms of start-up) · steps from ...``: the rank's
+    """``1 step(s) · 640.0 ms analysed (12,920.2 ms less 12,280.2 ms of start-up) · steps from ...``: the rank's
     window, where start-up was set apart the time the figures are over (``DeviceReport.window_s``), and where its
     steps came from (:data:`STEP_SOURCE_WORDS`)."""
     w, d = r.window, r.primary()
@@ -239,7 +255,7 @@ def window_words(r: RankReport, sep: str = " · ") -> str:
 
 
 def startup_head(r: RankReport) -> str | None:
-    """``start-up cost (once, left out of per-step figures and gains): 11,754.0 ms of device idle``, or None
+    """``start-up cost (once, left out of per-step figures and gains): 12,280.2 ms of device idle``, or None
     without start-up costs: the device idle the analysis set apart under them (``DeviceReport.startup_s``)."""
     if not r.startup:
         return None

@@ -38,6 +38,7 @@ from gpuidle.report.common import (
     CAUSE_MEANING,
     DEFAULT_OPTIONS,
     OWN_STEP,
+    QUALITY_HEAD,
     STARTUP_SHOWN,
     RenderOptions,
     combined_text,
@@ -46,6 +47,7 @@ from gpuidle.report.common import (
     mesh_lines,
     ms,
     pct,
+    quality_lines,
     role_lines,
     run_words,
     source_label,
@@ -201,8 +203,11 @@ def _decision(report: AnalysisReport) -> str:
     both = report.combined
     plan = (f'<p id="combined" class="combined"><b>{esc(combined_text(both, {r.id for r in recs}))}</b></p>'
             if both is not None and both.fixes else "")
-    return ('<section id="recommendations"><h2>What to change first</h2>'
-            + (cards + plan or "<p>No idle cause above its threshold: nothing stands out.</p>") + "</section>")
+    quality = "".join(f"<li>{esc(says)}" + (f' <span class="muted">{esc(rec)}</span>' if rec else "") + "</li>"
+                      for says, rec in quality_lines(report))
+    head = f'<section id="quality"><h2>{QUALITY_HEAD}</h2><ul>{quality}</ul></section>' if quality else ""
+    return (head + '<section id="recommendations"><h2>What to change first</h2>'
+            + (cards + plan or "<p>Nothing to fix: no idle cause above its threshold.</p>") + "</section>")
 
 
 def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,

@@ -7,6 +7,7 @@ from gpuidle.report.common import (
     CAUSE_MEANING,
     DEFAULT_OPTIONS,
     OWN_STEP,
+    QUALITY_HEAD,
     TARGET_UTILIZATION,
     RenderOptions,
     collectives_words,
@@ -18,6 +19,7 @@ from gpuidle.report.common import (
     ms,
     pct,
     printable_report,
+    quality_lines,
     role_lines,
     run_words,
     shown_recommendations,
@@ -75,6 +77,10 @@ class MarkdownRenderer:
         if report.scale_out is not None:
             lines += [f"### At {report.scale_out.gpus} GPUs", ""]
             lines += [f"- {x}" for x in scale_out_lines(report.scale_out)] + [""]
+        quality = quality_lines(report)
+        if quality:
+            lines += [f"### {QUALITY_HEAD}", ""]
+            lines += [f"- {says}" + (f" ({recording})" if recording else "") for says, recording in quality] + [""]
         lines += ["### Top fixes", ""]
         i = 0
         listed = shown_recommendations(report.recommendations, options.top)
@@ -93,7 +99,7 @@ class MarkdownRenderer:
                       f"/step (saves {combined_saved(both)}), utilization {pct(both.utilization_after)}; "
                       f"then {both.limit}.", ""]
         if not report.recommendations:
-            lines.append("No idle cause above its threshold.")
+            lines.append("Nothing to fix: no idle cause above its threshold.")
         return "\n".join(lines) + "\n"
 
     def _rank(self, r: RankReport) -> list[str]:

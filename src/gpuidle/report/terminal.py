@@ -29,6 +29,7 @@ from gpuidle.report.common import (
     DEFAULT_OPTIONS,
     MANY_STEPS,
     OWN_STEP,
+    QUALITY_HEAD,
     TARGET_UTILIZATION,
     RenderOptions,
     collectives_words,
@@ -41,6 +42,7 @@ from gpuidle.report.common import (
     ms,
     pct,
     printable_report,
+    quality_lines,
     role_lines,
     run_words,
     shown_recommendations,
@@ -243,8 +245,15 @@ class TerminalRenderer:
             console.print(_cost(report.cost))
         if report.scale_out is not None:
             console.print(_scale_out(report.scale_out))
+        quality = quality_lines(report)
+        if quality:
+            console.print(Text(QUALITY_HEAD, style="bold"))
+        for says, recording in quality:
+            console.print(Text(f"  {says}", style="yellow"))
+            if recording:
+                console.print(Text(f"    {recording}", style="bright_black"))
         recs = shown_recommendations(report.recommendations, options.top)
-        console.print(Text("Top fixes" if recs else "No fix stands out: no idle cause above its threshold.",
+        console.print(Text("Top fixes" if recs else "Nothing to fix: no idle cause above its threshold.",
                            style="bold underline"))
         i = 0
         for rec in recs:

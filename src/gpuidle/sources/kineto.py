@@ -12,6 +12,7 @@ into numpy columns; no per-event object survives a chunk.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,21 @@ def copy_kind(name: str) -> CopyKind:
     return CopyKind.OTHER
 
 
+LAUNCH_CALL = re.compile(r"^(cuda|hip|cu)(LaunchKernel|LaunchKernelExC?|LaunchCooperativeKernel|ModuleLaunchKernel"
+                         r"|ExtLaunchKernel|GraphLaunch)(_v\d+)?$")
+"""A runtime or driver call that launches device work."""
+
+
+def _launches(strings: list[str], host: dict[str, list[np.ndarray]]) -> int:
+    """Launch calls that carry a correlation id: each one's device record should be in the trace."""
+    if not host["name"]:
+        return 0
+    names = np.concatenate(host["name"]).astype(np.int64)
+    corr = np.concatenate(host["corr"]).astype(np.int64)
+    launch = np.fromiter((LAUNCH_CALL.match(n) is not None for n in strings), dtype=bool, count=len(strings))
+    return int((launch[names] & (corr >= 0)).sum()) if launch.size else 0
+
+
 def _to_ns(us: npt.NDArray[np.float64]) -> I64:
     """µs (float, possibly fractional) to int64 ns without losing large integer parts. In place where it can be:
     a big trace's millions of times would otherwise take eight fresh arrays, not four."""
@@ -90,6 +106,14 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
                                "the file is damaged or was not written by the profiler")
         if cols.events == 0 and not header:
             raise NotATrace(f"{path}: the trace holds no events", "was the profiler started?")
+        launches = _launches(cols.strings, cols.host)
+        if launches:
+            raise NoGpuActivity(
+                f"{path}: the device's records are missing: {launches} kernel launches with their correlation ids "
+                f"and no kernel record ({cols.hosts} host events): CUDA was recorded, its device activity lost or "
+                "dropped",
+                "keep the device records: a larger CUPTI buffer or a shorter profiled window",
+            )
         raise NoGpuActivity(
             f"{path}: no GPU activity in this trace (CPU-only: {cols.hosts} host events, 0 kernels)",
             "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] on a GPU run",

@@ -121,7 +121,14 @@ def build(space: Space, path: str) -> Timeline:
                          kind=host["kind"].astype(np.int8), name=host["name"].astype(np.int32),
                          correlation=np.where(host["kind"] == _RUNTIME, host["corr"], -1).astype(np.int64))
     meta = TraceMeta(path=path, format=FORMAT, t0_ns=t0, notes=list(space.notes))
-    steps = step_markers.first_sound((_device_steps(gpu, strings, t0), _marked_steps(host, t0)), meta.notes)
+    per_gpu = _device_steps(gpu, strings, t0)
+    apart = _apart(per_gpu)
+    busiest = _busiest(dev) if apart else -1
+    merged = per_gpu[busiest] if apart else _together(per_gpu)
+    steps = step_markers.first_sound((merged, _marked_steps(host, t0)), meta.notes)
+    device_steps = per_gpu if apart and steps is merged else {}
+    if device_steps:
+        meta.notes.append(_apart_note(per_gpu, busiest))
     if len(steps) == 0:
         steps, note = _program_steps(host, strings, t0)
         meta.notes.append(note)
@@ -131,7 +138,7 @@ def build(space: Space, path: str) -> Timeline:
     empty = np.zeros(0, dtype=np.int64)
     collectives = CollectiveCalls(empty, [], [], empty, empty, np.zeros(0, dtype=np.int32))
     return Timeline(strings=strings, threads=threads, device_ops=device_ops, host=host_ev,
-                    collectives=collectives, steps=steps, meta=meta, handoffs=handoffs)
+                    collectives=collectives, steps=steps, meta=meta, handoffs=handoffs, device_steps=device_steps)
 
 
 def detect_framework(strings: list[str]) -> str | None:
@@ -334,19 +341,57 @@ def _handoffs(cols: dict[str, I64], threads: list[tuple[str, str]], strings: lis
 # ----------------------------------------------------------------------------------
 
 
-def _device_steps(gpu: list[tuple[int, Plane]], strings: list[str], t0: int) -> Steps:
+def _device_steps(gpu: list[tuple[int, Plane]], strings: list[str], t0: int) -> dict[int, Steps]:
     """The ``Steps`` line the profiler derives on each GPU plane (one range per step, named by its number, over the
-    device work of that step): a step is its ranges on every device together, from the first start to the last
-    end."""
-    lines = [ln for _, plane in gpu for ln in plane.lines if ln.name == STEPS_LINE and ln.start.size]
-    if not lines:
-        return step_markers.none()
+    device work of that step), per GPU."""
     numbered = np.array([int(s) if s.isdecimal() and len(s) <= 18 else -1 for s in strings], dtype=np.int64)
-    number = np.concatenate([numbered[ln.name_id] for ln in lines])
-    start = np.concatenate([ln.start for ln in lines])
-    end = np.concatenate([ln.end for ln in lines])
-    ok = number >= 0
-    return step_markers.merged_spans(number[ok], start[ok] - t0, end[ok] - t0, step_markers.DEVICE_STEPS)
+    out: dict[int, Steps] = {}
+    for ordinal, plane in gpu:
+        lines = [ln for ln in plane.lines if ln.name == STEPS_LINE and ln.start.size]
+        if not lines:
+            continue
+        number = np.concatenate([numbered[ln.name_id] for ln in lines])
+        start = np.concatenate([ln.start for ln in lines])
+        end = np.concatenate([ln.end for ln in lines])
+        ok = number >= 0
+        if ok.any():
+            out[ordinal] = step_markers.merged_spans(number[ok], start[ok] - t0, end[ok] - t0,
+                                                     step_markers.DEVICE_STEPS)
+    return out
+
+
+def _together(per_gpu: dict[int, Steps]) -> Steps:
+    """A step as its ranges on every GPU together, from the first start to the last end."""
+    if not per_gpu:
+        return step_markers.none()
+    parts = list(per_gpu.values())
+    return step_markers.merged_spans(np.concatenate([x.number for x in parts]),
+                                     np.concatenate([x.start for x in parts]),
+                                     np.concatenate([x.end for x in parts]), step_markers.DEVICE_STEPS)
+
+
+def _apart(per_gpu: dict[int, Steps]) -> bool:
+    """Whether the GPUs run their steps apart: a step number whose ranges on two GPUs do not overlap (each GPU's
+    burst of one step far from the other's). A step is then each GPU's own, never one window across both."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for steps in per_gpu.values():
+        for n, a, b in zip(steps.number.tolist(), steps.start.tolist(), steps.end.tolist(), strict=True):
+            spans.setdefault(n, []).append((a, b))
+    return any(max(a for a, _ in ranges) >= min(b for _, b in ranges) for ranges in spans.values() if len(ranges) > 1)
+
+
+def _busiest(dev: dict[str, I64]) -> int:
+    """The GPU with the most device time: whose steps are the rank's."""
+    ordinals = distinct(dev["device"])
+    time = [int((dev["end"] - dev["start"])[dev["device"] == d].sum()) for d in ordinals.tolist()]
+    return int(ordinals[int(np.argmax(time))])
+
+
+def _apart_note(per_gpu: dict[int, Steps], busiest: int) -> str:
+    first = {g: (int(s.start[0]), int(s.end[0] - s.start[0])) for g, s in sorted(per_gpu.items())}
+    each = "; ".join(f"GPU {g} at {a / 1e6:,.1f} ms for {d / 1e6:,.1f} ms" for g, (a, d) in first.items())
+    return (f"the GPUs run their steps apart (first step: {each}): each GPU's figures are over its own steps; the "
+            f"rank's steps are GPU {busiest}'s, the busiest")
 
 
 def _marked_steps(host: dict[str, I64], t0: int) -> Steps:

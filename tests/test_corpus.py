@@ -1,0 +1,119 @@
+"""The shared corpus of real traces from other projects (``../shared/corpus``): each trace's figures as its README
+gives them, what the report says first, and ``docs/accuracy.md`` as the analysis writes it today."""
+
+from __future__ import annotations
+
+import statistics
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from corpus import CORPUS, ROOT, needs_corpus
+from corpus_accuracy import EXPERT, page
+from gpuidle.api import analyze
+from gpuidle.model import AnalysisReport
+
+pytestmark = needs_corpus
+RECORDING = {"record_more_steps", "record_cpu_activity"}
+
+
+@cache
+def report(name: str) -> AnalysisReport:
+    return analyze([CORPUS / name])
+
+
+def first(r: AnalysisReport) -> str | None:
+    recs = [x for x in r.recommendations if x.alternative_to is None]
+    return recs[0].id if recs else None
+
+
+@pytest.mark.parametrize("name", sorted(EXPERT))
+def test_no_report_leads_with_a_recording_advice(name: str) -> None:
+    """The first item is a change to the program or nothing to fix: what the trace lacks is said above the fixes."""
+    r = report(name)
+    assert not RECORDING & {x.id for x in r.recommendations}
+    assert all(x.cause != "trace_quality" for x in r.recommendations)
+
+
+def test_vllm_steps_are_the_engine_s_iterations() -> None:
+    """10 iterations annotated by the engine, ~76 ms each, 94.5-98.9 % busy; a GPU-bound decode: nothing to fix."""
+    r = report("vllm_v1_gb10_rank0.pt.trace.json.gz")
+    (rank,) = r.ranks
+    assert (len(rank.steps), rank.step_source) == (10, "repeating_ranges")
+    assert 70e-3 <= statistics.median(s.dur_s for s in rank.steps) <= 80e-3
+    busy = [s.busy_s / s.dur_s for s in rank.steps]
+    assert 0.94 <= min(busy) <= 0.95
+    assert 0.985 <= max(busy) <= 0.995
+    assert any("execute_context_0(0)_generation_4(4)" in n for n in rank.notes)
+    assert first(r) is None
+    assert "one_step" not in {q.kind for q in r.quality}
+
+
+def test_tf_bert_steps_are_each_gpu_s_own() -> None:
+    """Each GPU's Steps line apart (GPU 4: 19.9 ms, GPU 6: 21.3 ms, 70-75 % busy inside), never one window across
+    bursts 647 ms apart; a fragment (no GEMM, no collective, 6 of 8 GPUs without kernels), its idle no per-step
+    gain."""
+    r = report("tf_bert_multigpu_v100")
+    (rank,) = r.ranks
+    devices = {d.device: d for d in rank.devices}
+    assert devices[4].window_s == pytest.approx(19.9e-3, abs=0.1e-3)
+    assert devices[6].window_s == pytest.approx(21.3e-3, abs=0.1e-3)
+    for d in (4, 6):
+        assert 0.69 <= devices[d].utilization <= 0.76
+    quality = {q.kind: q.says for q in r.quality}
+    assert {"fragment", "gpus_without_kernels"} <= set(quality)
+    assert "6 of 8 GPUs" in quality["gpus_without_kernels"]
+    assert all(x.gain.step_s_saved is None for x in r.recommendations)
+
+
+def test_deepseek_one_step_nothing_to_fix() -> None:
+    r = report("deepseek_dualpipe_h800_rank0.json.gz")
+    (rank,) = r.ranks
+    assert (len(rank.steps), rank.step_source) == (1, "profiler_step")
+    assert rank.primary().utilization >= 0.99
+    assert first(r) is None
+    kinds = {q.kind for q in r.quality}
+    assert "one_step" in kinds
+    assert "gpus_without_kernels" not in kinds  # a rank's process lists every GPU it sees and drives one
+
+
+@pytest.mark.parametrize("name", ["switch_moe_a100_cold.json.gz", "switch_moe_a100_fp32.json.gz"])
+def test_fp32_gemm_time_is_a_gain_from_one_forward(name: str) -> None:
+    """TF32 first: fp32 SGEMM time is a property of the kernels, estimable from one forward."""
+    r = report(name)
+    assert first(r) == "tf32"
+    assert r.recommendations[0].gain.step_s_saved is not None
+    assert "one_step" in {q.kind for q in r.quality}
+
+
+def test_the_cold_forward_s_frees_are_start_up() -> None:
+    (rank,) = report("switch_moe_a100_cold.json.gz").ranks
+    frees = sorted((c.kind, round(c.dur_s * 1e3, 1)) for c in rank.startup if c.name == "cudaFree")
+    assert frees == [("allocation", 10.9), ("context", 1.9)]
+
+
+def test_the_forward_s_syncs_are_a_measured_gain() -> None:
+    """20 syncs at model.py(143) in one forward recur within it: their fix has a measured gain."""
+    r = report("switch_moe_a100_syncs.json.gz")
+    (sync,) = [x for x in r.recommendations if x.id == "remove_host_sync"]
+    assert sync.gain.step_s_saved is not None
+    assert sync.gain.basis == "measured"
+
+
+def test_resnet_and_linear_keep_their_fixes() -> None:
+    assert first(report("resnet_2080ti.json.gz")) == "dataloader_workers"
+    linear = report("linear_2080ti.json.gz")
+    assert first(linear) == "cuda_graphs"
+    assert 38 <= len(linear.ranks[0].steps) <= 40
+
+
+def test_dlrm_one_step_per_rank() -> None:
+    r = report("dlrm_8rank_v100")
+    assert len(r.ranks) == 8
+    assert all(len(x.steps) == 1 for x in r.ranks)
+    assert "one_step" in {q.kind for q in r.quality}
+
+
+def test_the_accuracy_page_is_what_the_analysis_says() -> None:
+    assert page() == (Path(ROOT) / "docs" / "accuracy.md").read_text()

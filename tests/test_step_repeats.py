@@ -1,0 +1,150 @@
+"""Steps from what repeats, on hand-built traces whose names no rule knows, and what a trace cannot tell said above
+the fixes (a lost device record, GPUs without kernels), never among them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuidle.api import analyze
+from minitrace import Trace
+
+SGEMM = "ampere_sgemm_128x64_nn"
+
+
+def loop(t: Trace, name: str, n: int, period: float = 1000, kind: str = "user_annotation") -> None:
+    """``n`` iterations of ``period`` µs, each a range ``name`` of 600 µs launching two kernels of 300 µs."""
+    for i in range(n):
+        base = i * period
+        t.x(kind, name, base, 600)
+        t.launch(at=base + 10, call_dur=5, start=base + 20, dur=300, name=SGEMM)
+        t.launch(at=base + 400, call_dur=5, start=base + 420, dur=300, name=SGEMM)
+
+
+@pytest.mark.parametrize("name", ["decode_iteration[batch=4]", "tick", "execute_context_9(3)_generation_1(1)"])
+def test_a_recurring_annotation_with_the_work_under_it_is_the_step(tmp_path: Path, name: str) -> None:
+    t = Trace()
+    loop(t, name, 6)
+    (rank,) = analyze([t.write(tmp_path / "loop.json.gz")]).ranks
+    assert (len(rank.steps), rank.step_source) == (6, "repeating_ranges")
+    assert [round(s.start_s * 1e6) for s in rank.steps][:3] == [0, 1000, 2000]  # each from its range's start
+    assert any(name in n for n in rank.notes)
+
+
+def test_a_python_function_that_repeats_is_not_a_step(tmp_path: Path) -> None:
+    """A model's layers are calls of one function: one forward of six layers is one step."""
+    t = Trace()
+    t.launch(at=0, call_dur=5, start=10, dur=50, name="embedding_kernel")
+    for i in range(6):
+        base = 100 + i * 1000
+        t.x("python_function", "model.py(40): forward", base, 600)
+        t.launch(at=base + 10, call_dur=5, start=base + 20, dur=300, name=SGEMM)
+        t.launch(at=base + 400, call_dur=5, start=base + 420, dur=300, name=SGEMM)
+    t.launch(at=6200, call_dur=5, start=6210, dur=50, name="lm_head_softmax_kernel")
+    (rank,) = analyze([t.write(tmp_path / "layers.json.gz")]).ranks
+    assert rank.step_source == "none"   # nor the device's period: the embedding and the head run once
+
+
+def test_a_range_with_little_work_under_it_is_not_a_step(tmp_path: Path) -> None:
+    """A logging range each period, the kernels launched outside it: not the step."""
+    t = Trace()
+    for i in range(6):
+        base = i * 1000
+        t.annotation("log metrics", base, 100)
+        t.launch(at=base + 200, call_dur=5, start=base + 210, dur=600, name=SGEMM)
+    (rank,) = analyze([t.write(tmp_path / "log.json.gz")]).ranks
+    assert rank.step_source == "device_period"   # the device's own repetition, not the range
+
+
+def test_ranges_of_uneven_length_are_not_steps(tmp_path: Path) -> None:
+    t = Trace()
+    for i, length in enumerate((100, 900, 200, 800, 150, 700)):
+        base = i * 1000
+        t.annotation("request", base, length)
+        t.launch(at=base + 10, call_dur=5, start=base + 20, dur=60, name=SGEMM)
+    (rank,) = analyze([t.write(tmp_path / "uneven.json.gz")]).ranks
+    assert rank.step_source == "device_period"
+
+
+@pytest.mark.parametrize(("warmup", "steps"), [(False, 5), (True, 1)])
+def test_the_device_s_own_repetition_is_the_step(tmp_path: Path, warmup: bool, steps: int) -> None:
+    """Device events alone, five copies of one block of three kernels: five steps; one kernel more, run once, and
+    the sequence is no repetition of a block."""
+    t = Trace()
+    if warmup:
+        t.x("kernel", "warmup_kernel", 0, 50, pid=0, tid=7, device=0, stream=7)
+    for i in range(5):
+        for k, name in enumerate(("gather_kernel", SGEMM, "softmax_kernel")):
+            t.x("kernel", name, 100 + i * 1000 + k * 200, 150, pid=0, tid=7, device=0, stream=7)
+    (rank,) = analyze([t.write(tmp_path / "device.json.gz")]).ranks
+    assert len(rank.steps) == steps
+    assert rank.step_source == ("device_period" if steps > 1 else "none")
+
+
+def test_launches_without_their_kernels_are_said_as_lost_records(tmp_path: Path) -> None:
+    """40 launches, 10 of them with a kernel: the device's records were lost, said above the fixes."""
+    t = Trace()
+    for i in range(4):
+        t.step(i + 1, i * 1000, 1000)
+        for k in range(10):
+            at = i * 1000 + k * 90
+            if k == 0:
+                t.launch(at=at, call_dur=5, start=at + 10, dur=80, name=SGEMM)
+            else:
+                t.runtime("cudaLaunchKernel", at, 5)
+                t.events[-1]["args"]["correlation"] = 90_000 + i * 10 + k
+    report = analyze([t.write(tmp_path / "lost.json.gz")])
+    (q,) = [q for q in report.quality if q.kind == "device_records_lost"]
+    assert q.says.startswith("36 of 40 kernel launches have no device record")
+    assert not [r for r in report.recommendations if r.id.startswith("record_")]
+
+
+def test_launches_and_no_kernel_at_all_is_not_called_cpu_only(tmp_path: Path) -> None:
+    """CUDA was recorded (launches with their correlation ids) and no kernel record came: an error that says the
+    device's records are missing, never "CPU-only: profile with CUDA"."""
+    from gpuidle.errors import GpuidleError
+
+    t = Trace()
+    for i in range(5):
+        t.op("aten::mm", i * 100, 20)
+        t.runtime("cudaLaunchKernel", i * 100 + 5, 5)
+        t.events[-1]["args"]["correlation"] = 100 + i
+    with pytest.raises(GpuidleError, match="5 kernel launches with their correlation ids and no kernel record"):
+        analyze([t.write(tmp_path / "no_kernels.json.gz")])
+    t = Trace()
+    t.op("aten::mm", 0, 20)
+    with pytest.raises(GpuidleError, match="CPU-only"):
+        analyze([t.write(tmp_path / "cpu.json.gz")])
+
+
+def test_one_engine_iteration_is_told_the_engine_s_profiler(tmp_path: Path) -> None:
+    """A serving engine owns its loop: a window of one step asks for several of its iterations through the engine,
+    never for a training loop's profiler schedule."""
+    t = Trace()
+    t.op("vllm::unified_attention_with_output", 0, 50)
+    t.launch(at=10, call_dur=5, start=20, dur=300, name=SGEMM)
+    t.op("vllm::unified_attention_with_output", 400, 300)
+    t.launch(at=700, call_dur=5, start=710, dur=300, name=SGEMM)
+    report = analyze([t.write(tmp_path / "engine.json.gz")])
+    (q,) = [q for q in report.quality if q.kind == "one_step"]
+    assert q.recording is not None
+    assert "llm.start_profile()" in q.recording
+    assert "prof.step()" not in q.recording
+
+
+def test_a_window_of_graph_capture_is_said_so(tmp_path: Path) -> None:
+    """A warm-up kernel, 5 ms of CUDA-graph capture (its 30 launches recorded, not run), one replay: the trace shows
+    the graphs prepared, not run; its launches inside the capture are no lost records."""
+    t = Trace()
+    t.launch(at=0, call_dur=5, start=10, dur=100, name=SGEMM)
+    t.runtime("cudaStreamBeginCapture", 300, 5)
+    for k in range(30):
+        t.runtime("cudaLaunchKernel", 400 + k * 150, 5)
+        t.events[-1]["args"]["correlation"] = 50_000 + k
+    t.runtime("cudaStreamEndCapture", 5_300, 5)
+    t.launch(at=5_350, call_dur=5, start=5_400, dur=100, name=SGEMM, call="cudaGraphLaunch")
+    report = analyze([t.write(tmp_path / "capture.json.gz")])
+    kinds = {q.kind for q in report.quality}
+    assert "capture_only" in kinds
+    assert "device_records_lost" not in kinds
