@@ -74,14 +74,15 @@ def test_a_trailing_empty_step_moved_past_the_window_is_left_out(tmp_path: Path)
 
 def test_steps_apart_from_every_kernel_are_set_aside(tmp_path: Path) -> None:
     """Profiler steps over the first 5 ms, kernels 10 s later (launched then too): not a 0 % window of steps, but
-    the device's activity, with a note."""
+    the next step source (the device's five alike kernels), with a note."""
     t = Trace()
     for n in range(5):
         t.step(n + 1, n * 1000.0, 1000)
     for n in range(5):
         t.launch(at=10_000_000 + n * 1000.0, call_dur=5, start=10_000_100 + n * 1000.0, dur=800)
     (rank,) = analyze([t.write(tmp_path / "apart.json.gz")]).ranks
-    assert rank.step_source == "set_aside"
+    assert rank.step_source == "device_period"  # the next source: the device's own repeating kernels
+    assert len(rank.steps) == 5
     assert rank.primary().utilization > 0.8
     assert any("lie outside the device's work: set aside" in n for n in rank.notes)
     assert not any("none could be inferred" in n for n in rank.notes)
@@ -90,7 +91,7 @@ def test_steps_apart_from_every_kernel_are_set_aside(tmp_path: Path) -> None:
 def test_xspace_steps_apart_from_every_kernel_are_set_aside(tmp_path: Path) -> None:
     """JAX's step markers a second before the kernels and their launches: before, six steps at 0 %."""
     (rank,) = analyze([profile(tmp_path / "apart.xplane.pb", apart_ps=10**12)]).ranks
-    assert rank.window.kind == "gpu_activity"
+    assert rank.step_source != "profiler_step"
     assert rank.primary().utilization > 0.5
     assert any("6 step(s) of the trace (profiler_step) lie outside the device's work" in n for n in rank.notes)
 

@@ -14,8 +14,9 @@ from gpuidle.advice.rules import recommend, straggler_recommendations
 from gpuidle.advice.whatif import Proposal, plan
 from gpuidle.model import Combined, Declined, Gain, JobReport, RankReport, Recommendation
 
-MEASURED_BY = {"host_activity": "record_cpu_activity"}
-"""Unmeasured causes whose rule already says how to measure them (a trace of device events alone)."""
+SAID_ABOVE = frozenset({"host_activity"})
+"""Unmeasured causes the block of what the trace can tell already names, with how to record them (a trace of
+device events alone: :mod:`gpuidle.analysis.trace_quality`): never a fix."""
 
 
 class Advice(msgspec.Struct, frozen=True):
@@ -48,8 +49,7 @@ def advise(reports: Sequence[RankReport], job: JobReport | None, framework: str 
     recs, combined = plan(in_framework(proposals, framework), reports, include_all, job)
     # how to measure what a tracker run could not comes before the fixes it would size
     recs = sorted(recs, key=lambda x: not (x.id == "record_cpu_activity" and any(r.unmeasured for r in reports)))
-    offered = {x.id for x in recs}
-    first = [m for m in measure_first(reports) if MEASURED_BY.get(str(m.evidence["not_measured"])) not in offered]
+    first = [m for m in measure_first(reports) if m.evidence["not_measured"] not in SAID_ABOVE]
     return Advice([*first, *recs], combined, declined)
 
 

@@ -19,7 +19,9 @@ the framework's step annotation)."""
 
 def quality_notes(tl: Timeline, names: NameClasses, window: StepWindow, kernels: KernelFacts) -> list[str]:
     notes: list[str] = []
-    if window.kind == "gpu_activity" and not window.note:
+    if window.set_aside:
+        notes.append(window.set_aside)
+    if window.kind == "gpu_activity" and not window.note and not window.set_aside:
         notes.append("no profiler steps and none could be inferred: the window is first to last GPU activity")
     elif window.repeating is not None:
         notes.append(f"no step markers: {len(window.steps)} steps from the range {window.repeating!r}, which repeats "

@@ -33,6 +33,8 @@ class StepWindow(msgspec.Struct, frozen=True):
     """Where the steps were moved to the device's side: the host's markers ran ahead of it."""
     repeating: str | None = None
     """The name of the range the steps repeat, where they were found so (:mod:`gpuidle.analysis.step_repeats`)."""
+    set_aside: str | None = None
+    """The trace's own steps not believed: those apart from the device's work, or beginning after the window's end."""
 
     @property
     def bounds(self) -> I64:
@@ -91,7 +93,7 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
         start, end = int(ops.start.min()), int(ops.end.max())
         source = SET_ASIDE if aside else "none"
         one = Steps(np.zeros(1, dtype=np.int64), np.array([start]), np.array([end]), source)
-        return StepWindow(one, start, end, "gpu_activity", aside)
+        return StepWindow(one, start, end, "gpu_activity", set_aside=aside)
     start, host_end = int(steps.start[0]), int(steps.end[-1])
     inside = (launched >= start) & (launched < host_end)
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
@@ -100,8 +102,8 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     moved, note = device_side(steps, ops.start, launched)
     end, tail = _without_tail(tl, int(steps.start[-1]), moved, host_end, gpu_end if inside.any() else start)
     moved, cut = clipped(moved, end)
-    notes = "; ".join(n for n in (aside, note, tail, cut) if n) or None
-    return StepWindow(moved, int(moved.start[0]), end, kind, notes, repeating)
+    return StepWindow(moved, int(moved.start[0]), end, kind, "; ".join(n for n in (note, tail) if n) or None,
+                      repeating, "; ".join(n for n in (aside, cut) if n) or None)
 
 
 def device_windows(tl: Timeline, names: NameClasses, launchers: I64) -> dict[int, StepWindow]:
