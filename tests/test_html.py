@@ -406,7 +406,7 @@ def test_compare_page(chromium: Chromium, tmp_path: Path) -> None:
     assert js(session, "document.querySelectorAll('svg.causedelta rect.after').length") == 2  # data, launch
     rows = js(session, "[...document.querySelectorAll('#headline tr')].map(r => r.textContent)")
     assert rows[1].startswith("utilization50.0 %82.0 %+32.0 pts")
-    assert rows[2].startswith("median step1.00 ms610.0 µs−390.0 µs")
+    assert rows[2].startswith("steady step1.00 ms610.0 µs−390.0 µs")
     assert rows[4].startswith("cost of 1,000 steps at 2.5/GPU-h")
     assert "Resolved" in js(session, "document.querySelector('#recommendations').textContent")
     assert js(session, "document.querySelector('.verdict').className") == "verdict"

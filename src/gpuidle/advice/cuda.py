@@ -93,8 +93,9 @@ CUDA_FIXES: dict[str, tuple[str, str]] = {
 }
 STRAGGLER_LOADER = "its DataLoader workers"
 PYTORCH_ONLY = frozenset({"ddp_no_sync", "ddp_bucket_cap", "comm_compression", "zero_grad_set_to_none",
-                          "moe_all_to_all_overlap", *PYTORCH_LIBRARIES})
-"""Fixes in PyTorch's API or its libraries' settings: not in this stack for a CUDA program."""
+                          "moe_all_to_all_overlap", "record_cpu_activity", *PYTORCH_LIBRARIES})
+"""Fixes in PyTorch's API or its libraries' settings, and the step tracker's own recording advice (a tracker runs
+inside a framework's loop): not in this stack for a CUDA program."""
 
 
 def for_cuda(proposals: list[Proposal]) -> list[Proposal]:
