@@ -7,12 +7,12 @@ import re
 
 import numpy as np
 
+from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
 from gpuidle.model.name_search import anchored, any_found, found_in
 from gpuidle.sources.kernel_arch import FAMILIES
-from gpuidle.sources.kineto import _COLLECTIVE_KERNEL
 from gpuidle.sources.step_markers import PROFILER_STEP_NAME
 
-PATTERNS = [_COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES for p in ps)]
+PATTERNS = [COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES for p in ps)]
 """Every pattern searched through :mod:`gpuidle.model.name_search` (the readers' kernel and step patterns)."""
 PIECES = ["ncclDevKernel_AllReduce", "nccl", "kernel", "ProfilerStep#", "12", "sm90_", "_sm80", "wgmma", "Cijk_",
           "gfx942", "ucc_", "x", "", " ", "_", "#", "\n", "İ", "Σ", "é", "ampere_", "volta_", "::", "deep_ep::",

@@ -85,7 +85,9 @@ def found_in(names: Sequence[str], pattern: re.Pattern[str]) -> npt.NDArray[np.b
     search = _per_line(pattern) if lowercase is None or len(folded) != len(text) else lowercase
     hits = np.fromiter((m.start() for m in search.finditer(text if search is not lowercase else folded)), np.int64)
     out = np.zeros(len(names), bool)
-    rows = np.unique(np.searchsorted(line_starts, hits, side="right") - 1)
+    rows = np.searchsorted(line_starts, hits, side="right") - 1  # in order, as finditer gives the hits
+    if rows.size:  # each name once (np.unique would load numpy.ma, a start-up cost of every analysis)
+        rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
     if search is lowercase:
         rows = rows[np.fromiter((pattern.search(names[i]) is not None for i in rows.tolist()), bool, rows.size)]
     out[rows] = True
