@@ -9,6 +9,7 @@ package uses.
 
 from __future__ import annotations
 
+from .advice import CalcLine, Combined, CostResult, Declined, Gain, Recommendation
 from .compare import COMPARE_SCHEMA, Comparison, CostDelta, RecommendationChange, RunSummary
 from .fleet import FLEET_SCHEMA, FleetJob, FleetReport
 from .jsonio import JsonStruct
@@ -30,16 +31,11 @@ from .report import (
     COMM_ROLES,
     PARALLELISM,
     AnalysisReport,
-    CalcLine,
     CollectiveStat,
-    Combined,
     CommReport,
     CommRole,
-    CostResult,
-    Declined,
     DeviceReport,
     DeviceTimeline,
-    Gain,
     IdleTimeline,
     JobCommunication,
     JobReport,
@@ -49,7 +45,6 @@ from .report import (
     PythonHotspot,
     RankReport,
     RankRow,
-    Recommendation,
     Source,
     StartupCost,
     StepCall,

@@ -9,8 +9,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from .advice import Recommendation
 from .jsonio import JsonStruct
-from .report import Recommendation
 
 # ----------------------------------------------------------------------------------
 # Device counters: what ``gpuidle monitor``/``run`` record (one JSON line per sample),
