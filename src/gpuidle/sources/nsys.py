@@ -51,8 +51,6 @@ from gpuidle.sources.nsys_db import Tables
 FORMAT = "nsys"
 PYTORCH = "pytorch"
 CUDA = "cuda"
-KNOWN_SCHEMA_MAJOR = (2, 3)
-"""Export schema majors this reader was written against (Nsight Systems 2021.x to 2025.x)."""
 
 _ABI_SUFFIX = re.compile(r"(_ptsz|_ptds)?(_v\d+)?$")
 _NVTX_OP = re.compile(r"^[A-Za-z_]\w*::")
@@ -77,6 +75,7 @@ _SYNC_ENUM = {"EVENT_SYNCHRONIZE": "cudaEventSynchronize", "STREAM_SYNCHRONIZE":
 _SYNC_NAME = re.compile(r"^(cuda|cu)(Stream|Device|Event|Ctx)Synchronize$")
 
 _DEVICE_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+"""The device activity tables, whose columns also tell an export's schema."""
 _DEVICE_COLS: dict[str, tuple[str, ...]] = {
     "start": ("start",), "end": ("end",), "device": ("deviceId",), "stream": ("streamId",),
     "corr": ("correlationId",), "gpid": ("globalPid",),
@@ -196,14 +195,17 @@ def _read(path: str, t: Tables) -> list[Timeline]:
 
 
 def _version_notes(t: Tables) -> list[str]:
+    """A note only where the export's tables are not the ones this reader knows: a device activity table with its
+    start, end, device, stream and correlation columns, and the string table. The version string decides nothing
+    (real exports omit it, or carry a major this reader predates, with the same tables)."""
+    device = [table for table in _DEVICE_TABLES if t.has(table)]
+    if t.has("StringIds") and device and all(t.pick(table, *cols) for table in device
+                                              for key, cols in _DEVICE_COLS.items() if key != "gpid"):
+        return []
     export = t.meta("META_DATA_EXPORT")
-    version = export.get("EXPORT_SCHEMA_VERSION")
-    major = export.get("EXPORT_SCHEMA_VERSION_MAJOR", (version or "").split(".")[0])
-    if not major.isdigit() or int(major) not in KNOWN_SCHEMA_MAJOR:
-        product = export.get("EXPORT_PRODUCT_VERSION", "unknown")
-        return [f"Nsight Systems export schema {version or 'unknown'} (product {product}) is not one this reader "
-                "knows: read as far as its columns go"]
-    return []
+    version = export.get("EXPORT_SCHEMA_VERSION") or "not stated"
+    return [f"Nsight Systems export whose tables are not the ones this reader knows (schema {version}): read as far "
+            "as its columns go"]
 
 
 def _device_rows(t: Tables, names: _Names, notes: list[str]) -> _Rows | None:
