@@ -102,6 +102,13 @@ def test_the_forward_s_syncs_are_a_measured_gain() -> None:
     (sync,) = [x for x in r.recommendations if x.id == "remove_host_sync"]
     assert sync.gain.step_s_saved is not None
     assert sync.gain.basis == "measured"
+    assert "model.py(143)" in sync.fix
+    # first, as the expert's: the host work beside it is the model's own forward, whose compiling is modelled
+    # (50-100 % of its idle), a lower certain saving than the syncs' measured one
+    assert first(r) == "remove_host_sync"
+    (host,) = [x for x in r.recommendations if x.id == "move_cpu_work"]
+    assert host.gain.basis == "modelled"
+    assert host.gain.step_s_saved_low == pytest.approx(host.gain.step_s_saved_high / 2)
 
 
 def test_resnet_and_linear_keep_their_fixes() -> None:
