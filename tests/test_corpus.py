@@ -65,6 +65,7 @@ def test_tf_bert_steps_are_each_gpu_s_own() -> None:
     assert {"fragment", "gpus_without_kernels"} <= set(quality)
     assert "6 of 8 GPUs" in quality["gpus_without_kernels"]
     assert all(x.gain.step_s_saved is None for x in r.recommendations)
+    assert {x.confidence for x in r.recommendations} == {"low"}  # idle of a fragment: thin evidence
 
 
 def test_deepseek_one_step_nothing_to_fix() -> None:

@@ -298,9 +298,10 @@ def per_step(x: RuleInput, p: Proposal) -> Proposal | None:
         return p
     causes = [c for c, v in effect.idle.items() if v > 0]
     fragment = [q.says for q in x.report.quality if q.kind == "fragment"]
-    if fragment and causes:
+    if fragment and causes:  # the idle of a fragment may be the recording's, not the step's: thin evidence
         why = f"the trace holds {fragment[0]}: no per-step gain is taken from its idle"
-        return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
+        return Proposal(msgspec.structs.replace(p.rec, confidence="low"),
+                        {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
     single = [c for c in causes if steps and c in steps[0].main_calls]
     if len(steps) < 2 and single:
         why = (f"one step in the window, its {', '.join(single)} idle under one call "

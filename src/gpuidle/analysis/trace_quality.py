@@ -68,7 +68,7 @@ def rank_quality(tl: Timeline, names: NameClasses, window: StepWindow, report: R
         out.append(TraceQuality(
             kind="fragment",
             says=(f"a fragment of a step: {report.kernels.count} kernels, none a GEMM or convolution, and no "
-                  f"collective in a {job}-GPU job"),
+                  f"collective in a job of {job} GPUs"),
             recording=WHOLE_STEPS))
     with_kernels = {int(d) for d in distinct(tl.device_ops.device[tl.device_ops.kind == DeviceOpKind.KERNEL])}
     empty = [g for g in gpus if g not in with_kernels]
