@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuidle.advice.whatif import RankState, rank_state
+from gpuidle.analysis.comm import bus_factor
 from gpuidle.errors import GpuidleError
 from gpuidle.model import AnalysisReport, Cause, CommFit, RankReport, ScaleOut, Span
 from gpuidle.model.units import duration
@@ -59,13 +60,14 @@ class ScaleOptions:
 
 
 def _ring(kind: str, n: int) -> tuple[int, float]:
-    """Ring steps and nccl-tests' bus factor of one call on ``n`` ranks; (0, 0) for one rank."""
+    """Ring steps and nccl-tests' bus factor (:func:`~gpuidle.analysis.comm.bus_factor`) of one call on ``n``
+    ranks; (0, 0) for one rank."""
     if n <= 1:
         return 0, 0.0
     if "all_reduce" in kind or kind.startswith("allreduce"):
-        return 2 * (n - 1), 2 * (n - 1) / n
+        return 2 * (n - 1), bus_factor("all_reduce", n)
     if kind in ("all_gather", "reduce_scatter", "all_to_all", "all_gather+reduce_scatter"):
-        return n - 1, (n - 1) / n
+        return n - 1, bus_factor("all_gather", n)
     return 1, 1.0
 
 
