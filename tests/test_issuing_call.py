@@ -1,7 +1,7 @@
 """Which collective call issued each collective kernel, all launches at once, against the former call-by-call loop.
 
 The loop (kept here as the reference) asks, for each launch, every call on its thread whose range contains it,
-calls that know their size first; random nested, overlapping and touching calls on a few threads, and the real
+calls that name their collective first, then those that know their size; random nested, overlapping and touching calls on a few threads, and the real
 traces with collectives, must give the same call for every kernel.
 """
 
@@ -26,7 +26,9 @@ def one_by_one(tl: Any, launchers: np.ndarray, rows: np.ndarray) -> np.ndarray:
     out = np.full(rows.size, -1, dtype=np.int64)
     if len(calls) == 0 or rows.size == 0:
         return out
-    order = np.argsort(~((calls.in_bytes >= 0) | (calls.out_bytes >= 0)), kind="stable")
+    named = np.array([bool(c) for c in calls.collective], dtype=bool)
+    sized = (calls.in_bytes >= 0) | (calls.out_bytes >= 0)
+    order = np.argsort(2 * ~named + ~sized, kind="stable")  # calls that name their collective, then sized ones
     h = calls.host_index[order]
     c_thread, c_start, c_end = host.thread[h], host.start[h], host.end[h]
     launch = launchers[rows]
@@ -54,7 +56,8 @@ def test_random_calls_and_launches(seed: int) -> None:
     m = rng.randint(0, n)
     index = np.array(rng.sample(range(n), m), dtype=np.int64)
     sized = np.array([rng.choice([-1, 64, 1024]) for _ in range(m)], dtype=np.int64)
-    tl = SimpleNamespace(host=host, collectives=Calls(host_index=index, in_bytes=sized,
+    named = [rng.choice(["", "", "all_to_all", "allreduce"]) for _ in range(m)]
+    tl = SimpleNamespace(host=host, collectives=Calls(host_index=index, in_bytes=sized, collective=named,
                                                       out_bytes=np.where(sized > 0, -1, sized)))
     k = rng.randint(0, 30)
     launchers = np.array([rng.randrange(-1, n) for _ in range(k)], dtype=np.int64)
