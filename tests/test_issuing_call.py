@@ -1,8 +1,8 @@
 """Which collective call issued each collective kernel, all launches at once, against the former call-by-call loop.
 
 The loop (kept here as the reference) asks, for each launch, every call on its thread whose range contains it,
-calls that name their collective first, then those that know their size; random nested, overlapping and touching calls on a few threads, and the real
-traces with collectives, must give the same call for every kernel.
+calls that name their collective first, then those that know their size; random nested, overlapping and touching
+calls on a few threads, and the real traces with collectives, must give the same call for every kernel.
 """
 
 from __future__ import annotations
