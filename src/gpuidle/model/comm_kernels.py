@@ -55,9 +55,6 @@ def comm_family(name: str) -> str | None:
     return None
 
 
-def is_collective_kernel(name: str) -> bool:
-    return comm_family(name) is not None
-
 
 @functools.lru_cache(maxsize=4096)
 def kernel_collective(name: str) -> str:
