@@ -10,7 +10,6 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ from gpuidle.api import analyze, find_trace_files, is_xspace, read_timelines
 from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
 from gpuidle.model import CAUSES, CopyKind, DeviceOpKind, HostKind, Timeline
 from gpuidle.sources import xplanes, xspace
+from xspace_steps import add_stat
 
 pytest.importorskip("google.protobuf")
 MI300X = DATA / "jax08_conv_mi300x8__tw003.xplane.pb"
@@ -314,15 +314,6 @@ def test_annotating_a_protobuf_writes_its_timeline_with_the_idle_track(tmp_path:
     idle = [e for e in events if e.get("ph") == "X" and str(e.get("pid", "")).startswith("gpuidle")]
     assert len(kernels) == len(read_trace(str(MI300X)).device_ops)
     assert idle
-def _stat(plane: Any, event: Any, name: str, **value: object) -> None:
-    """Add stat ``name`` to ``event``, registering its metadata in ``plane``."""
-    ids = {m.name: i for i, m in plane.stat_metadata.items()}
-    sid = ids.get(name, len(ids) + 1)
-    plane.stat_metadata[sid].id = sid
-    plane.stat_metadata[sid].name = name
-    event.stats.add(metadata_id=sid, **value)
-
-
 def test_hand_built_copies_sets_and_collectives(tmp_path: Path) -> None:
     """Copies from their CUPTI names and ``memcpy_details`` bytes; NCCL kernels and XLA collective
     ``hlo_op``s are communication; a launch links by correlation id."""
@@ -336,11 +327,11 @@ def test_hand_built_copies_sets_and_collectives(tmp_path: Path) -> None:
     line = gpu.lines.add(id=5, name="Stream #5(Kernel,MemcpyH2D)", timestamp_ns=1_000)
     for i, (start, end) in enumerate([(0, 10), (20, 25), (30, 60), (70, 90), (100, 130)], 1):
         e = line.events.add(metadata_id=i, offset_ps=start * 1000, duration_ps=(end - start) * 1000)
-        _stat(gpu, e, "correlation_id", uint64_value=40 + i)
+        add_stat(gpu, e, "correlation_id", uint64_value=40 + i)
         if i == 1:
-            _stat(gpu, e, "memcpy_details", str_value="kind_src:pinned kind_dst:device size:4096 async:1")
+            add_stat(gpu, e, "memcpy_details", str_value="kind_src:pinned kind_dst:device size:4096 async:1")
         if i == 4:
-            _stat(gpu, e, "hlo_op", str_value="all-reduce-start.2")
+            add_stat(gpu, e, "hlo_op", str_value="all-reduce-start.2")
     host = space.planes.add(id=2, name="/host:CPU")
     host.event_metadata[1].id, host.event_metadata[1].name = 1, "cuLaunchKernel"
     host.event_metadata[2].id, host.event_metadata[2].name = 2, "PjitFunction(train_step)"
@@ -348,7 +339,7 @@ def test_hand_built_copies_sets_and_collectives(tmp_path: Path) -> None:
     py = host.lines.add(id=78, name="python", timestamp_ns=0)
     py.events.add(metadata_id=2, offset_ps=900 * 1000, duration_ps=300 * 1000)
     launch = api.events.add(metadata_id=1, offset_ps=1_095 * 1000, duration_ps=3 * 1000)
-    _stat(host, launch, "correlation_id", uint64_value=45)
+    add_stat(host, launch, "correlation_id", uint64_value=45)
     pb = tmp_path / "node-a.xplane.pb"
     pb.write_bytes(space.SerializeToString())
     tl = read_trace(str(pb))

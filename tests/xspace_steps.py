@@ -10,7 +10,8 @@ STEP_US = 1_000
 KERNEL_US = 600
 
 
-def _stat(plane: Any, event: Any, name: str, **value: object) -> None:
+def add_stat(plane: Any, event: Any, name: str, **value: object) -> None:
+    """Add stat ``name`` to ``event``, registering its metadata in ``plane``."""
     ids = {m.name: i for i, m in plane.stat_metadata.items()}
     sid = ids.get(name, len(ids) + 1)
     plane.stat_metadata[sid].id = sid
@@ -41,11 +42,11 @@ def profile(path: Path, steps: int = 6, step_num: dict[str, Any] | None = None, 
         at = n * STEP_US * 1_000_000
         late = late_ps if n == steps - 1 else 0
         k = stream.events.add(metadata_id=1, offset_ps=apart_ps + at + 20_000_000, duration_ps=KERNEL_US * 1_000_000)
-        _stat(gpu, k, "correlation_id", uint64_value=100 + n)
+        add_stat(gpu, k, "correlation_id", uint64_value=100 + n)
         launch = api.events.add(metadata_id=1, offset_ps=apart_ps + at + 5_000_000, duration_ps=3_000_000)
-        _stat(host, launch, "correlation_id", uint64_value=100 + n)
+        add_stat(host, launch, "correlation_id", uint64_value=100 + n)
         mark = marks.events.add(metadata_id=2, offset_ps=at + (0 if line else late), duration_ps=STEP_US * 1_000_000)
-        _stat(host, mark, "step_num", **(step_num if step_num and n == 0 else {"int64_value": n}))
+        add_stat(host, mark, "step_num", **(step_num if step_num and n == 0 else {"int64_value": n}))
         if line is not None:
             gpu.event_metadata[10 + n].id, gpu.event_metadata[10 + n].name = 10 + n, str(n)
             line.events.add(metadata_id=10 + n, offset_ps=at + late, duration_ps=STEP_US * 1_000_000)
