@@ -111,23 +111,68 @@ def _gaps(start: I64, end: I64, inner: I64, rows: I64, width: int) -> iv.Interva
 
 def innermost(start: I64, end: I64, rows: I64, points: I64) -> I64:
     """For each point, the row (among ``rows``: nested ranges, Python frames) of the innermost range covering
-    it, -1 where none does. One sweep with a stack of open ranges: nested ranges close innermost first."""
+    it, -1 where none does: of the ranges that hold the point, the one that starts last (of equal starts, the
+    shortest). Nested ranges close innermost first, so this is the frame open at the point; ranges of several
+    threads that overlap without nesting get the latest-started one."""
     out = np.full(points.size, -1, dtype=np.int64)
     if rows.size == 0 or points.size == 0:
         return out
     order = rows[np.lexsort((-end[rows], start[rows]))]
-    s, e = start[order].tolist(), end[order].tolist()
-    stack: list[int] = []
-    k = 0
-    for j in np.argsort(points, kind="stable").tolist():
-        p = int(points[j])
-        while k < len(s) and s[k] <= p:
-            while stack and e[stack[-1]] <= s[k]:
-                stack.pop()
-            stack.append(k)
-            k += 1
-        while stack and e[stack[-1]] <= p:
-            stack.pop()
-        if stack:
-            out[j] = order[stack[-1]]
+    # the ranges started by each point are order[:stop]: the last of them still open holds it
+    stop = np.searchsorted(start[order], points, side="right")
+    at = _last_above(end[order], stop, points)
+    found = at >= 0
+    out[found] = order[at[found]]
     return out
+
+
+BLOCK = 32
+"""Width of the blocks :func:`_last_above` scans at once, and of the groups each level above takes maxima of."""
+QUERY_BATCH = 1 << 15
+"""Queries scanned together: a batch's gather is this many by :data:`BLOCK` values."""
+
+
+def _last_above(values: I64, stop: I64, limit: I64) -> I64:
+    """For each query, the largest index ``i < stop`` with ``values[i] > limit``, -1 where none.
+
+    The query's own block first; where nothing in it is above, the same search among the blocks' maxima one level
+    up finds the last earlier block that holds such a value, and a scan of that block the index in it. Each query
+    costs a few blocks' scan per level (log base :data:`BLOCK` of the size), whatever the ranges' nesting: a
+    stack of a million nested ranges costs what a flat list does."""
+    levels = [values]
+    while levels[-1].size > BLOCK:
+        top = levels[-1]
+        padded = np.concatenate((top, np.full((-top.size) % BLOCK, np.iinfo(np.int64).min, dtype=np.int64)))
+        levels.append(padded.reshape(-1, BLOCK).max(axis=1))
+    out = np.full(stop.size, -1, dtype=np.int64)
+    last = stop - 1
+    near = last >= 0
+    near[near] = values[last[near]] > limit[near]  # most points: the range started last still holds them
+    out[near] = last[near]
+    rest = np.flatnonzero(~near & (stop > 0))
+    for at in range(0, rest.size, QUERY_BATCH):
+        batch = rest[at: at + QUERY_BATCH]
+        out[batch] = _search(levels, 0, stop[batch], limit[batch])
+    return out
+
+
+def _search(levels: list[I64], level: int, stop: I64, limit: I64) -> I64:
+    """:func:`_last_above` over ``levels[level]`` (each level the blocks' maxima of the one below), ``stop > 0``."""
+    values = levels[level]
+    block = np.maximum(stop - 1, 0) // BLOCK
+    found = _last_in_block(values, block, limit, stop)
+    missed = np.flatnonzero((found < 0) & (block > 0))
+    if missed.size and level + 1 < len(levels):
+        upper = _search(levels, level + 1, block[missed], limit[missed])
+        hit = upper >= 0
+        found[missed[hit]] = _last_in_block(values, upper[hit], limit[missed[hit]], None)
+    return found
+
+
+def _last_in_block(values: I64, block: I64, limit: I64, stop: I64 | None) -> I64:
+    """The last index of each ``block`` (below ``stop`` where given) whose value is above ``limit``, -1 if none."""
+    cols = block[:, None] * BLOCK + np.arange(BLOCK, dtype=np.int64)
+    valid = cols < (values.size if stop is None else np.minimum(stop, values.size)[:, None])
+    above = valid & (values[np.minimum(cols, values.size - 1)] > limit[:, None])
+    last = BLOCK - 1 - np.argmax(above[:, ::-1], axis=1)
+    return np.where(above.any(axis=1), block * BLOCK + last, -1)

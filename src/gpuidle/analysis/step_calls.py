@@ -33,19 +33,13 @@ def main_calls(tl: Timeline, names: NameClasses, launchers: I64, device: DeviceI
     feeding = np.isin(host.thread, feeding_threads(tl, launchers, device.device))
     loading = (names.data_loading | names.file_read)[host.name] & (host.kind != HostKind.RUNTIME)
     calls = feeding & ((host.kind == HostKind.OP) | (host.kind == HostKind.RUNTIME)) & ~names.region[host.name]
+    caller = _callers(host.start, host.end, seg_s, label, np.flatnonzero(calls), np.flatnonzero(loading))
     for cause in CALL_CAUSES:
-        on = label == CAUSE_INDEX[cause]
-        if not on.any():
+        on = np.flatnonzero((label == CAUSE_INDEX[cause]) & (caller >= 0))
+        if on.size == 0:
             continue
-        points, length = seg_s[on], seg_e[on] - seg_s[on]
-        rows = _covering(host.start, host.end, np.flatnonzero(loading if cause is Cause.DATA_LOADING else calls),
-                         np.sort(points))
-        row = innermost(host.start, host.end, rows, points)
-        step = np.clip(np.searchsorted(bounds, points, side="right") - 1, 0, n_steps - 1)
-        keep = row >= 0
-        if not keep.any():
-            continue
-        for i, r, covered in _largest_per_step(step[keep], row[keep], length[keep], host.start.size):
+        step = np.clip(np.searchsorted(bounds, seg_s[on], side="right") - 1, 0, n_steps - 1)
+        for i, r, covered in _largest_per_step(step, caller[on], seg_e[on] - seg_s[on], host.start.size):
             cause_idle = int(device.step_idle[i, CAUSE_INDEX[cause]])
             if covered >= max(MAIN_SHARE * cause_idle, MIN_STEP_SHARE * span[i]):
                 chosen[i, cause.value] = (r, covered)
@@ -71,8 +65,22 @@ def _largest_per_step(step: I64, row: I64, length: I64, n_rows: int) -> list[tup
                     strict=True))
 
 
+def _callers(start: I64, end: I64, seg_start: I64, label: I64, calls: I64, loading: I64) -> I64:
+    """For each idle segment of a :data:`CALL_CAUSES` cause, the innermost host row open at its start, -1
+    elsewhere: among the data-loading calls for ``data_loading``, among ``calls`` for the others (one search for
+    all of them)."""
+    out = np.full(seg_start.size, -1, dtype=np.int64)
+    loads = label == CAUSE_INDEX[Cause.DATA_LOADING]
+    others = np.isin(label, [CAUSE_INDEX[c] for c in CALL_CAUSES if c is not Cause.DATA_LOADING])
+    for rows, on in ((loading, np.flatnonzero(loads)), (calls, np.flatnonzero(others))):
+        if on.size:
+            points = seg_start[on]
+            out[on] = innermost(start, end, _covering(start, end, rows, np.sort(points)), points)
+    return out
+
+
 def _covering(start: I64, end: I64, rows: I64, sorted_points: I64) -> I64:
-    """The ``rows`` whose range holds at least one point: the few calls worth the innermost sweep."""
+    """The ``rows`` whose range holds at least one point: the few calls worth the innermost search."""
     inside = (np.searchsorted(sorted_points, end[rows], side="left")
               - np.searchsorted(sorted_points, start[rows], side="left"))
     return rows[inside > 0]
