@@ -1,11 +1,14 @@
-"""``distinct`` gives what ``np.unique`` gives, on the dtypes columns have."""
+"""``distinct`` gives what ``np.unique`` gives, ``median_of`` what ``np.median`` gives, on the dtypes columns have."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from gpuidle.model.arrays import distinct, gathered, runs
+from gpuidle.model.arrays import distinct, gathered, median_of, runs
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int16, np.uint8, np.float64, np.float32])
@@ -59,3 +62,27 @@ def test_runs_lays_every_run_end_to_end() -> None:
     empty_owner, empty_index = runs(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     assert empty_owner.size == 0
     assert empty_index.size == 0
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_median_of_is_numpys_median_to_the_bit(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    for values in (rng.integers(-(1 << 62), 1 << 62, n), rng.integers(0, 5, n), rng.normal(size=n) * 1e9,
+                   rng.integers(0, 1000, n).tolist(), rng.random(n).astype(np.float32)):
+        got, want = median_of(values), np.median(values)
+        assert got == want, (values, got, want)
+        assert type(got) is np.float64
+
+
+def test_median_of_with_nan_or_nothing_is_numpys() -> None:
+    assert np.isnan(median_of(np.array([1.0, np.nan, 3.0])))
+    with pytest.warns(RuntimeWarning):
+        assert np.isnan(median_of(np.zeros(0)))
+
+
+def test_median_of_loads_no_masked_arrays() -> None:
+    code = ("import sys; from gpuidle.model.arrays import median_of; median_of([1.5, 2.0]); "
+            "print('numpy.ma' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -101,11 +101,13 @@ NOT_ON_THE_JSON_PATH = (
 )
 
 
-def test_analyze_json_imports_only_what_it_uses() -> None:
+@pytest.mark.parametrize("trace", [TRACE, str(DATA / "negative_queue_length_values_check__rank0.json.gz")],
+                         ids=["small", "a100-26mib"])
+def test_analyze_json_imports_only_what_it_uses(trace: str) -> None:
     code = ("import sys, io, contextlib\n"
             "from gpuidle.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
-            f"    assert main(['analyze', '--json', '--no-ledger', {TRACE!r}]) == 0\n"
+            f"    assert main(['analyze', '--json', '--no-ledger', {trace!r}]) == 0\n"
             "print('\\n'.join(sorted(sys.modules)))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(proc.stdout.split())

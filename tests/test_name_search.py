@@ -7,19 +7,30 @@ import re
 
 import numpy as np
 
+from gpuidle.analysis import names as name_classes
+from gpuidle.analysis import startup
 from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
 from gpuidle.model.name_search import anchored, any_found, found_in
 from gpuidle.sources.kernel_arch import FAMILIES
 from gpuidle.sources.step_markers import PROFILER_STEP_NAME
 
-PATTERNS = [COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES for p in ps)]
-"""Every pattern searched through :mod:`gpuidle.model.name_search` (the readers' kernel and step patterns)."""
+FACTS = [p for fact in vars(name_classes).values() if isinstance(fact, tuple) and fact
+         and all(isinstance(p, re.Pattern) for p in fact) for p in fact]
+"""The name classes' patterns (:class:`gpuidle.analysis.names.NameClasses`)."""
+STARTUP = [p for p in vars(startup).values() if isinstance(p, re.Pattern)]
+PATTERNS = [COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES for p in ps), *FACTS, *STARTUP]
+"""Every pattern searched through :mod:`gpuidle.model.name_search` (the readers' kernel and step patterns, the name
+classes, one-time work's kinds)."""
 PIECES = ["ncclDevKernel_AllReduce", "nccl", "kernel", "ProfilerStep#", "12", "sm90_", "_sm80", "wgmma", "Cijk_",
           "gfx942", "ucc_", "x", "", " ", "_", "#", "\n", "İ", "Σ", "é", "ampere_", "volta_", "::", "deep_ep::",
           "## ", "broad", "cast", "convert", "gemm", "h", "cudaMemcpy", "_v2", "Backward", "zero_grad", "grain",
           "Optimizer.step#", "Launch", "PjitFunction(", "/site-packages/", "MPI_Send", "bf16", "conv", "er",
           "ı", "ſ", "\u212a", "NCCL", "Kernel", "MULTIMEM_REDUCE", "ﬅ", "nvſhmem_", "UCC_", "deep_EP::",
-          "two_ſhot_all_reduce", "croſs_devİce_reduce", "cuſtom_all_reduce", "rccl\u212aernel", "nvshmemı_"]
+          "two_ſhot_all_reduce", "croſs_devİce_reduce", "cuſtom_all_reduce", "rccl\u212aernel", "nvshmemı_",
+          "DataLoader", "data_load", "IteratorGetNext", "device_put", "compil", "Compil", "nvrtc", "re", "ing",
+          "ation", "c10d::", "cudaStreamSynchronize", "cudaFree", "aten::item", "Torch-Compiled Region", "triton_",
+          "cuModuleLoad", "cudaGraphLaunch", "vllm", "eigenmetakernel", "bn_", "_norm_", "implicit_gemm", "fp16",
+          "torch/", "<built-in", "$", "(", ")", ".py"]
 """Pieces of names: the patterns' literals, and characters ``re`` takes for an ASCII letter whatever the case
 (``İ``, ``ı``, ``ſ``, the Kelvin sign) in them."""
 

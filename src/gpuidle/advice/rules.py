@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 
 import msgspec
-import numpy as np
 
 from gpuidle.advice.comm_rules import embedding_all_to_all, exposed_all_to_all, exposed_communication
 from gpuidle.advice.frameworks import UNEXPLAINED_BY_TRACKER, graph_fix
@@ -28,6 +27,7 @@ from gpuidle.advice.ruleinput import COMPUTE, MIB, MIN_SHARE, Rule, RuleInput, _
 from gpuidle.advice.whatif import Effect, Proposal, excess, modelled, placeholder, rank_state
 from gpuidle.analysis.steps import counted
 from gpuidle.model import Cause, Declined, JobReport, RankReport, Recommendation, StepReport
+from gpuidle.model.arrays import median_of
 
 
 def dataloader_workers(x: RuleInput) -> list[Proposal]:
@@ -310,7 +310,7 @@ def per_step(x: RuleInput, p: Proposal) -> Proposal | None:
         return Proposal(p.rec, {**p.effects, x.report.rank: msgspec.structs.replace(effect, reason=why)})
     if len(steps) < 2:
         return p  # idle spread over many calls recurs within the step
-    step = float(np.median([s.dur_s for s in steps]))
+    step = float(median_of([s.dur_s for s in steps]))
     if causes and effect.busy < PRESENT * step and not any(
             s.idle_by_cause_s.get(c, 0.0) >= PRESENT * s.dur_s > 0 for s in steps for c in causes):
         return None
@@ -388,7 +388,7 @@ def straggler_recommendations(job: JobReport, reports: list[RankReport], include
         if not others or s.rank not in by_rank:
             continue
         peer_states = [rank_state(r, include_all) for r in others]
-        peers = float(np.median([p.own_s for p in peer_states]))
+        peers = float(median_of([p.own_s for p in peer_states]))
         mine = rank_state(by_rank[s.rank], include_all)
         extra = excess(mine, peer_states)
         smi = hardware(by_rank[s.rank].primary()).smi

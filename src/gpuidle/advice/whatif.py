@@ -33,6 +33,7 @@ import numpy as np
 
 from gpuidle.analysis.steps import counted
 from gpuidle.model import Cause, Combined, Gain, JobReport, RankReport, Recommendation
+from gpuidle.model.arrays import median_of
 
 MINOR_SHARE = 0.005
 """A fix saving less than 0.5 % of a step stays in the JSON but leaves the terminal's top list."""
@@ -120,12 +121,12 @@ def excess(mine: RankState, peers: Sequence[RankState]) -> Effect:
     if not peers:
         return Effect()
     noise = TIE_SHARE * mine.step_s  # a part that differs by less is run-to-run noise, and claims no pool
-    busy = mine.busy_s - float(np.median([p.busy_s for p in peers]))
+    busy = mine.busy_s - float(median_of([p.busy_s for p in peers]))
     idle = {}
     for cause, sec in mine.idle.items():
         if cause == Cause.STRAGGLER_WAIT.value:
             continue
-        over = sec - float(np.median([p.idle.get(cause, 0.0) for p in peers]))
+        over = sec - float(median_of([p.idle.get(cause, 0.0) for p in peers]))
         if over > noise:
             idle[cause] = over
     return Effect(idle=idle, busy=busy if busy > noise else 0.0)

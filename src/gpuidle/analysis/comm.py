@@ -23,7 +23,7 @@ from gpuidle.analysis.hostwork import thread_axis
 from gpuidle.analysis.idle import DeviceIdle
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import I64, CollectiveStat, CommReport, DeviceOpKind, Timeline
-from gpuidle.model.arrays import runs
+from gpuidle.model.arrays import median_of, runs
 from gpuidle.model.comm_kernels import canonical_op, kernel_collective
 
 _DTYPES = [
@@ -171,7 +171,7 @@ def comm_report(tl: Timeline, window: StepWindow, devices: list[DeviceIdle], col
         sized = idx[coll.nbytes[idx] > 0]
         nbytes, timed = int(coll.nbytes[sized].sum()), int(dur[sized].sum())
         algbw = nbytes / timed if timed else None  # bytes per ns is GB/s
-        n = int(np.median(coll.group_size[sized])) if sized.size else -1
+        n = int(median_of(coll.group_size[sized])) if sized.size else -1
         out.append(CollectiveStat(
             collective=k, process_group=g, size_bucket=bucket, count=idx.size, total_s=int(dur[idx].sum()) / 1e9,
             bytes=nbytes, algbw_gbps=algbw,

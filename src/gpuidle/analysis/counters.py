@@ -33,6 +33,7 @@ from gpuidle.model import (
     UtilSeries,
     UtilWindow,
 )
+from gpuidle.model.arrays import median_of
 
 GAP_FACTOR = 3.0
 MIN_SHARE = 0.05
@@ -73,7 +74,7 @@ def sample_weights(t: F64, interval: float | None = None) -> F64:
     if t.size == 0:
         return np.zeros(0)
     d = np.diff(t)
-    step = interval if interval is not None else (float(np.median(d)) if d.size else 1.0)
+    step = interval if interval is not None else (float(median_of(d)) if d.size else 1.0)
     if step <= 0:
         step = 1.0
     w = np.empty_like(t)
@@ -87,7 +88,7 @@ def median_interval(series: UtilSeries) -> float:
     if series.host is not None and len(series.host) > 1:
         diffs.append(np.diff(series.host.t))
     if diffs:
-        return float(np.median(np.concatenate(diffs)))
+        return float(median_of(np.concatenate(diffs)))
     return series.interval_s or 1.0
 
 
@@ -165,14 +166,14 @@ def periodic_drops(t: F64, w: F64, u: F64, threshold: float, interval: float,
     starts = np.array([t[a] for a, _ in runs])
     durs = np.array([w[a:b].sum() for a, b in runs])
     gaps = np.diff(starts)
-    period = float(np.median(gaps))
+    period = float(median_of(gaps))
     if period < 2 * interval:
         return None
     tol = max(0.2 * period, 1.5 * interval)
     regular = float(np.mean(np.abs(gaps - period) <= tol))
     if regular < 0.75:
         return None
-    drop = float(np.median(durs))
+    drop = float(median_of(durs))
     return PeriodicDrops(
         threshold_pct=threshold, period_s=period, drop_s=drop, count=len(runs), regularity=regular,
         period_steps=period * steps_per_s if steps_per_s else None,
@@ -230,7 +231,7 @@ def device_util(d: DeviceSeries, win: UtilWindow, opt: UtilOptions) -> DeviceUti
     return DeviceUtil(
         device=d.device, name=d.name, samples=int(ok.sum()), window_s=total,
         mean_util_pct=float(np.average(u, weights=wu)) if total > 0 else 0.0,
-        median_util_pct=float(np.median(u)) if u.size else 0.0,
+        median_util_pct=float(median_of(u)) if u.size else 0.0,
         below_80_s=b80, below_80_share=b80s, below_90_s=b90, below_90_share=b90s,
         idle_s=idle, idle_share=idle_share, idle_period_count=len(runs),
         idle_periods=periods[: opt.top_idle_periods], periodic=periodic,
@@ -262,7 +263,7 @@ def _median(col: dict[str, F64], key: str) -> float | None:
     x = col.get(key)
     if x is None or not np.isfinite(x).any():
         return None
-    return float(np.median(x[np.isfinite(x)]))
+    return float(median_of(x[np.isfinite(x)]))
 
 
 def _throttle_share(mask: F64 | None, busy: np.ndarray) -> dict[str, float]:

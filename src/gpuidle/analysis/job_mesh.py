@@ -7,6 +7,7 @@ import numpy as np
 
 from gpuidle.analysis.steps import counted
 from gpuidle.model import RankReport, duration, ranges
+from gpuidle.model.arrays import median_of
 from gpuidle.model.mesh import DIMENSION_WORDS, DIMENSIONS, SHAPE, MeshDim
 
 PACE_NOISE = 0.05
@@ -82,7 +83,7 @@ def pipeline_pace(reports: list[RankReport], include_all: bool = False) -> tuple
     alike: set[int] = set()
     for member, own in stages[slow]:
         peers = [other for q, other in stages[slow] if q != member]
-        if not peers or own <= float(np.median(peers)) * (1 + PACE_NOISE):
+        if not peers or own <= float(median_of(peers)) * (1 + PACE_NOISE):
             alike.add(member)
     return [f"pipeline stage {slow} (ranks {', '.join(map(str, ranks))}) computes the longest, "
             f"{duration(busy[slow])} a step against {duration(busy[fast])} on stage {fast}: it sets the pipeline's "
@@ -103,7 +104,7 @@ def expert_skew(reports: list[RankReport], include_all: bool = False) -> list[st
     if len(waits) < 2:
         return []
     least, most = min(waits, key=lambda k: waits[k][0]), max(waits, key=lambda k: waits[k][0])
-    step = float(np.median([st for _, st in waits.values()]))
+    step = float(median_of([st for _, st in waits.values()]))
     if waits[most][0] - waits[least][0] < SKEW_SHARE * step:
         return []
     return [f"all-to-all: rank {least} waits least in its all-to-alls ({duration(waits[least][0])} a step against "

@@ -9,6 +9,7 @@ from gpuidle.analysis.hostwork import thread_axis
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import I64, CopyKind, DeviceOpKind, HostKind, KernelFacts, KernelStat, Timeline
+from gpuidle.model.arrays import median_of
 
 SHORT_KERNEL_NS = 10_000
 TOP_KERNELS = 10
@@ -65,7 +66,7 @@ def kernel_facts(tl: Timeline, names: NameClasses, window: StepWindow, launchers
         item_calls_per_step=items / n_steps,
         pageable_htod_copies=int(pageable.sum()),
         pageable_htod_bytes=int(np.maximum(ops.nbytes[pageable], 0).sum()),
-        median_launch_us=float(np.median(launch_dur)) / 1e3 if launch_dur.size else None,
+        median_launch_us=float(median_of(launch_dur)) / 1e3 if launch_dur.size else None,
         pageable_copy_s=exposed_copy_ns / 1e9,
         pageable_copy_gbps=round(copy_gbps, 2) if copy_gbps is not None else None,
     )

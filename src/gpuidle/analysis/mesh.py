@@ -20,6 +20,7 @@ from gpuidle.analysis.hostwork import innermost
 from gpuidle.analysis.idle import DeviceIdle
 from gpuidle.analysis.stack import libraries
 from gpuidle.model import I64, Timeline
+from gpuidle.model.arrays import median_of
 from gpuidle.model.comm_kernels import canonical_op
 from gpuidle.model.mesh import DIMENSIONS, SHAPE, MeshDim
 
@@ -272,7 +273,7 @@ def _dims(tl: Timeline, facts: dict[str, _Group], coll: Collectives, device: Dev
         size, coordinate, ranks = _place(facts, dim, rank, main, tl.meta.world_size)
         sized = coll.group_size[mine][coll.group_size[mine] > 0]
         if size is None and sized.size:
-            size = int(np.median(sized))
+            size = int(median_of(sized))
         out.append(MeshDim(
             dim=dim, size=size if dim in SHAPE else None, coordinate=coordinate if dim in SHAPE else None,
             groups=groups or ([declared[dim]] if dim in declared else []),

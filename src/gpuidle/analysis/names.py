@@ -20,6 +20,7 @@ import numpy as np
 
 from gpuidle.model import FILE_READ_CALLS, XLA_DISPATCH
 from gpuidle.model.arrays import distinct
+from gpuidle.model.name_search import found_in
 
 Fact = tuple[re.Pattern[str], ...]
 """A name has the fact where any of the patterns is found in it."""
@@ -134,7 +135,7 @@ def _mask(strings: list[str], test: Fact | frozenset[str]) -> np.ndarray:
         return np.fromiter((s in test for s in strings), dtype=bool, count=len(strings))
     mask = np.zeros(len(strings), dtype=bool)
     for pattern in test:
-        mask |= np.fromiter((pattern.search(s) is not None for s in strings), dtype=bool, count=len(strings))
+        mask |= found_in(strings, pattern)
     return mask
 
 
@@ -171,7 +172,7 @@ class NameClasses(msgspec.Struct, frozen=True):
         ids = self.shape if rows is None else self.shape[rows]
         tested = distinct(ids)
         hit = np.zeros(len(self.shaped), dtype=bool)
-        hit[tested] = [pattern.search(self.shaped[i]) is not None for i in tested.tolist()]
+        hit[tested] = found_in([self.shaped[i] for i in tested.tolist()], pattern)
         found: np.ndarray = hit[ids]
         return found
 

@@ -32,6 +32,7 @@ from gpuidle.model import (
     RankRow,
     Straggler,
 )
+from gpuidle.model.arrays import median_of
 
 PERSISTENT_SCORE = 1.05
 """A rank whose median own step time is 5 % above the fastest rank's is a persistent straggler."""
@@ -249,7 +250,7 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int], include_all: bo
 def step_skew(reports: list[RankReport], include_all: bool = False) -> float | None:
     """Max / median over ranks of the mean step time (steady steps)."""
     means = [float(np.mean([s.dur_s for s in counted(r.steps, include_all)])) for r in reports if r.steps]
-    median = float(np.median(means)) if means else 0.0
+    median = float(median_of(means)) if means else 0.0
     return max(means) / median if median > 0 else None
 
 
@@ -309,7 +310,7 @@ def _job_steps(reports: list[RankReport], last_by_step: dict[int, dict[int, int]
             durations[s.step].append(s.dur_s)
     out = []
     for step, durs in sorted(durations.items()):
-        median = float(np.median(durs))
+        median = float(median_of(durs))
         late = {r: ns for r, ns in last_by_step.get(step, {}).items() if ns > 0}
         last = max(late.items(), key=lambda kv: (kv[1], -kv[0]))[0] if late else None
         out.append(JobStep(step=step, skew=max(durs) / median if median > 0 and len(durs) > 1 else None,
@@ -332,7 +333,7 @@ def _scores(own: dict[int, dict[int, float]]) -> dict[int, tuple[float, float, f
     """Per rank: median own step / fastest rank's median, and the 95 % interval of the per-step ratio
     to the fastest other rank in that step."""
     _, times = _shared(own)
-    medians = {r: float(np.median(t)) for r, t in times.items() if t.size}
+    medians = {r: float(median_of(t)) for r, t in times.items() if t.size}
     fastest = min(medians.values()) if medians else 0.0
     out = {}
     for r, t in times.items():
@@ -385,7 +386,7 @@ def _why_late(late: RankReport, others: list[RankReport]) -> tuple[str, str]:
     theirs = [per_step(r) for r in others]
     best, excess, ref = "unattributed", 0.0, 0.0
     for key, value in mine.items():
-        median = float(np.median([t[key] for t in theirs])) if theirs else 0.0
+        median = float(median_of([t[key] for t in theirs])) if theirs else 0.0
         if value - median > excess:
             best, excess, ref = key, value - median, median
     if excess <= 0:

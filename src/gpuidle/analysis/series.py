@@ -61,7 +61,7 @@ from gpuidle.model import (
     Straggler,
     Window,
 )
-from gpuidle.model.arrays import distinct
+from gpuidle.model.arrays import distinct, median_of
 
 STEP_SOURCE = "tracker"
 WINDOW_KIND = "tracker_steps"
@@ -306,14 +306,14 @@ def rank_stats(series: list[StepSeries]) -> list[RankStats]:
         s = measured(s)
         wall = int(s.dur.sum())
         split = split_steps(s)
-        own_s = float(np.median(s.dur - s.straggler)) / 1e9 if len(s) else 0.0
+        own_s = float(median_of(s.dur - s.straggler)) / 1e9 if len(s) else 0.0
         rows.append((s, wall, split, own_s))
     fastest = min((own for *_, own in rows if own > 0), default=0.0)
     out = []
     for s, wall, split, own in rows:
         w = wall or 1
         out.append(RankStats(
-            rank=s.rank, steps=len(s), step_s=float(np.median(s.dur)) / 1e9 if len(s) else 0.0,
+            rank=s.rank, steps=len(s), step_s=float(median_of(s.dur)) / 1e9 if len(s) else 0.0,
             busy_share=int(split.busy.sum()) / w, data_share=int(s.data.sum()) / w,
             comm_share=int(s.comm_exposed.sum()) / w, straggler_share=int(s.straggler.sum()) / w,
             own_step_s=own, score=own / fastest if fastest > 0 else 1.0,
@@ -366,12 +366,12 @@ def _rest(s: StepSeries, parts: dict[str, tuple[str, I64]]) -> dict[str, tuple[s
 
 def why_late(late: StepSeries, others: list[StepSeries]) -> tuple[str, str]:
     """The part of the step where the late rank spends the most more than the others (medians per step)."""
-    mine = {k: (cause, float(np.median(v)) if v.size else 0.0) for k, (cause, v) in _parts(late).items()}
+    mine = {k: (cause, float(median_of(v)) if v.size else 0.0) for k, (cause, v) in _parts(late).items()}
     theirs = [_parts(o) for o in others]
     best, cause, excess, ref = "", "unknown", 0.0, 0.0
     for label, (c, value) in mine.items():
-        medians = [float(np.median(t[label][1])) for t in theirs if label in t and t[label][1].size]
-        median = float(np.median(medians)) if medians else 0.0
+        medians = [float(median_of(t[label][1])) for t in theirs if label in t and t[label][1].size]
+        median = float(median_of(medians)) if medians else 0.0
         if value - median > excess:
             best, cause, excess, ref = label, c, value - median, median
     if excess <= 0:
@@ -457,7 +457,7 @@ def _sharding_notes(stats: list[RankStats]) -> list[str]:
             out.append(f"uneven sharding: {what} per rank from {counts[lo]:,} (rank {lo}) to {counts[hi]:,} "
                        f"(rank {hi})")
     if len(stats) > 1:
-        median = float(np.median([s.data_share for s in stats]))
+        median = float(median_of([s.data_share for s in stats]))
         worst = max(stats, key=lambda s: s.data_share)
         if worst.data_share - median >= UNEVEN_DATA_SHARE:
             out.append(f"rank {worst.rank} waits for data {_pct(worst.data_share)} of its step time, "

@@ -35,7 +35,7 @@ from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import I64, HostEvents, HostKind, Timeline
-from gpuidle.model.arrays import distinct
+from gpuidle.model.arrays import distinct, median_of
 
 STARTUP_MIN_NS = 1_000_000
 """Below 1 ms a call is not worth setting apart, whatever it is."""
@@ -171,7 +171,7 @@ def _first_launches(tl: Timeline, names: NameClasses, launchers: I64, found: dic
     if calls.size == 0:
         return
     dur = host.end[calls] - host.start[calls]
-    limit = max(STARTUP_MIN_NS, FIRST_LAUNCH_FACTOR * float(np.median(dur)))
+    limit = max(STARTUP_MIN_NS, FIRST_LAUNCH_FACTOR * float(median_of(dur)))
     order = np.lexsort((host.start[calls], ops.name[linked]))
     first = np.ones(order.size, dtype=bool)
     first[1:] = ops.name[linked][order][1:] != ops.name[linked][order][:-1]

@@ -29,7 +29,7 @@ import numpy as np
 from gpuidle.analysis.links import launch_times, launcher_rows
 from gpuidle.analysis.names import NameClasses
 from gpuidle.model import I64, HostKind, Steps, Timeline
-from gpuidle.model.arrays import distinct
+from gpuidle.model.arrays import distinct, median_of
 
 REPEATING_RANGES = "repeating_ranges"
 DEVICE_PERIOD = "device_period"
@@ -77,7 +77,7 @@ def repeating_ranges(tl: Timeline, names: NameClasses, launchers: I64 | None = N
         covered = _covered(host.start[top], host.end[top], launched, work) / busy
         if covered < COVERS:
             continue
-        length = float(np.median(host.end[top] - host.start[top]))
+        length = float(median_of(host.end[top] - host.start[top]))
         if best is None or covered > best[0] + COVERS_TIE or (covered >= best[0] - COVERS_TIE and length > best[1]):
             best = (covered, length, top)
     if best is None:
@@ -102,8 +102,8 @@ def _outermost(starts: I64, ends: I64, rows: I64) -> I64:
 
 def _alike(dur: I64) -> bool:
     d = dur.astype(np.float64)
-    median = float(np.median(d))
-    return median > 0 and 1.4826 * float(np.median(np.abs(d - median))) <= ALIKE * median
+    median = float(median_of(d))
+    return median > 0 and 1.4826 * float(median_of(np.abs(d - median))) <= ALIKE * median
 
 
 def _covered(starts: I64, ends: I64, launched: I64, work: I64) -> float:

@@ -19,6 +19,7 @@ from gpuidle.analysis.links import launch_times, launcher_rows
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.step_repeats import DEVICE_PERIOD, device_period, repeating_ranges
 from gpuidle.model import I64, HostKind, StepReport, Steps, Timeline, ranges
+from gpuidle.model.arrays import median_of
 
 
 class StepWindow(msgspec.Struct, frozen=True):
@@ -130,7 +131,7 @@ def on_device_work(steps: Steps, op_start: I64, op_end: I64, calls: tuple[I64, I
     if not touches.any():
         return _take(steps, touches), (f"the {len(steps)} step(s) of the trace ({steps.source}) lie outside the "
                                        "device's work: set aside, the window is the device's activity")
-    margin = int(np.median((steps.end - steps.start)[touches]))
+    margin = int(median_of((steps.end - steps.start)[touches]))
     keep = (steps.end > lo - margin) & (steps.start < hi + margin)
     near = _take(steps, keep)
     near = Steps(near.number, near.start, np.minimum(near.end, min(hi + margin, I64_MAX)), near.source)
@@ -189,7 +190,7 @@ def _without_tail(tl: Timeline, marked: int, steps: Steps, host_end: int, gpu_en
     if last <= begin or tail <= 0:
         return end, None
     if len(steps) > 1:
-        typical = float(np.median(np.diff(steps.start)))
+        typical = float(median_of(np.diff(steps.start)))
         cut = tail >= TAIL_SHARE * typical and end - begin >= (1 + TAIL_SHARE) * typical
     else:
         cut = tail > 0.5 * (end - begin)
@@ -222,10 +223,10 @@ def device_side(steps: Steps, op_start: I64, launched: I64) -> tuple[Steps, str 
         return steps, None
     which = step_of[first_rows]
     queued = op_start[first_rows] - launched[first_rows]
-    lag = float(np.median(queued))
-    if lag < max(AHEAD_MIN_NS, AHEAD_SHARE * float(np.median(np.diff(steps.start)))):
+    lag = float(median_of(queued))
+    if lag < max(AHEAD_MIN_NS, AHEAD_SHARE * float(median_of(np.diff(steps.start)))):
         return steps, None
-    shift = int(np.median(op_start[first_rows] - steps.start[which]))
+    shift = int(median_of(op_start[first_rows] - steps.start[which]))
     starts = steps.start + shift
     starts[which] = op_start[first_rows]
     starts = np.maximum.accumulate(starts)
@@ -283,7 +284,7 @@ def steady_state(dur: npt.ArrayLike, disturbed: npt.ArrayLike | None = None,
     long = _beyond(d, rest)
     beyond = long.copy()
     if busy is not None:
-        beyond |= _beyond(np.asarray(busy, dtype=np.float64), rest, MIN_EXCESS * float(np.median(d[rest])))
+        beyond |= _beyond(np.asarray(busy, dtype=np.float64), rest, MIN_EXCESS * float(median_of(d[rest])))
     settled = rest[np.flatnonzero(~beyond[rest])]
     # after the first steady step, a long step that recurs is the loop's rhythm (warm-up steps never count)
     rhythm = _recurs(d, rest[rest >= settled[0]]) & long if settled.size else np.zeros_like(long)
@@ -314,8 +315,8 @@ def _recurs(values: npt.NDArray[np.float64], rest: npt.NDArray[np.intp]) -> npt.
 
 def _beyond(values: npt.NDArray[np.float64], rest: npt.NDArray[np.intp], least: float = 0.0) -> npt.NDArray[np.bool_]:
     """Which steps lie beyond ``median + max(MAD_K · MAD, MIN_EXCESS · median, least)`` of the steps in ``rest``."""
-    median = float(np.median(values[rest]))
-    mad = 1.4826 * float(np.median(np.abs(values[rest] - median)))
+    median = float(median_of(values[rest]))
+    mad = 1.4826 * float(median_of(np.abs(values[rest] - median)))
     out: npt.NDArray[np.bool_] = values > median + max(MAD_K * mad, MIN_EXCESS * median, least)
     return out
 
@@ -333,8 +334,8 @@ def truncated_edges(dur: npt.ArrayLike, excluded: list[str | None]) -> list[str 
         others = d[[i for i in range(d.size) if i != edge and out[i] is None]]
         if others.size < 2 or out[edge] is not None:
             continue
-        median = float(np.median(others))
-        alike = 1.4826 * float(np.median(np.abs(others - median))) <= TRUNCATED_SPREAD * median
+        median = float(median_of(others))
+        alike = 1.4826 * float(median_of(np.abs(others - median))) <= TRUNCATED_SPREAD * median
         if alike and d[edge] < TRUNCATED_SHARE * median:
             out[edge] = TRUNCATED
     return out

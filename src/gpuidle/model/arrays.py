@@ -23,6 +23,18 @@ def distinct(values: npt.ArrayLike) -> np.ndarray:
     return v[keep]
 
 
+def median_of(values: npt.ArrayLike) -> np.float64:
+    """``np.median`` of the values (flattened), the same number, without loading ``numpy.ma``: ``np.median`` checks
+    for NaN through it (some 6 ms of an analysis's start). The middle one or two found by one partition and
+    averaged by ``np.mean``, as ``np.median`` does; an empty input or one holding NaN goes to ``np.median``."""
+    v = np.ravel(values)
+    if v.size == 0 or (v.dtype.kind in "fc" and np.isnan(v).any()):
+        return np.float64(np.median(v))
+    half = v.size // 2
+    middle = slice(half, half + 1) if v.size % 2 else slice(half - 1, half + 1)
+    return np.float64(np.mean(np.partition(v, [middle.start, middle.stop - 1])[middle]))
+
+
 def gathered(index: npt.NDArray[np.integer], *tables: npt.NDArray[np.bool_]) -> list[npt.NDArray[np.bool_]]:
     """``[table[index] for table in tables]`` for boolean tables (at most 32) with one gather: the tables are
     packed into the bits of one, so a column of millions of rows (a big trace's host names) is read once, not
