@@ -9,7 +9,7 @@ import pytest
 
 from gpuidle.analysis.names import NameClasses
 from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL, comm_family, kernel_collective
-from gpuidle.model.name_search import found_in
+from gpuidle.model.name_search import found_any
 from shared_traces import kineto_traces
 
 COMMUNICATION = [
@@ -105,5 +105,5 @@ def test_the_one_pattern_agrees_with_the_families() -> None:
     """The readers search a trace's kernel names with one pattern of every family at once (joined names): it finds
     exactly the names some family recognises, compute kernels none."""
     names = [name for name, _, _ in COMMUNICATION] + COMPUTE
-    assert found_in(names, COLLECTIVE_KERNEL).tolist() == [comm_family(n) is not None for n in names]
-    assert found_in(names, COLLECTIVE_KERNEL).sum() == len(COMMUNICATION)
+    assert found_any(names, COLLECTIVE_KERNEL).tolist() == [comm_family(n) is not None for n in names]
+    assert found_any(names, COLLECTIVE_KERNEL).sum() == len(COMMUNICATION)

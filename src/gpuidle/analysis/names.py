@@ -162,6 +162,7 @@ class NameClasses(msgspec.Struct, frozen=True):
     gemm: np.ndarray
     conv: np.ndarray
     reduced_precision: np.ndarray
+    """Of the names :data:`GEMM` or :data:`CONV` finds (elementwise ones among them too); False for every other."""
     shaped: list[str]
     """The distinct shapes of the names (:func:`shapes`), for a pattern tested once per shape..."""
     shape: np.ndarray
@@ -187,7 +188,15 @@ class NameClasses(msgspec.Struct, frozen=True):
             found: np.ndarray = _mask(lowered if test in FOLDED else shaped, test)[of_shape]
             return found
 
-        matrix_math = ~mask(NOT_MATRIX_MATH)  # once, for GEMMs and convolutions alike
+        gemm, conv = mask(GEMM), mask(CONV)
+        matrix_like = np.flatnonzero(gemm | conv)  # the other facts of kernels are of these names only
+
+        def of_matrix_like(test: Fact) -> np.ndarray:
+            found = np.zeros(len(strings), dtype=bool)
+            found[matrix_like] = _mask([strings[i].lower() for i in matrix_like.tolist()], test)
+            return found
+
+        matrix_math = ~of_matrix_like(NOT_MATRIX_MATH)
         return cls(
             sync_call=mask(SYNC_CALLS),
             memcpy_call=mask(MEMCPY_CALLS),
@@ -206,8 +215,8 @@ class NameClasses(msgspec.Struct, frozen=True):
             compiled=mask(COMPILED),
             graph_launch=mask(GRAPH_LAUNCH),
             engine=mask(ENGINE),
-            gemm=mask(GEMM) & matrix_math,
-            conv=mask(CONV) & matrix_math,
-            reduced_precision=mask(REDUCED_PRECISION),
+            gemm=gemm & matrix_math,
+            conv=conv & matrix_math,
+            reduced_precision=of_matrix_like(REDUCED_PRECISION),
             shaped=shaped, shape=of_shape,
         )

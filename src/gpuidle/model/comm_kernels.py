@@ -29,9 +29,9 @@ FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
 expert dispatch and combine, NVSHMEM-based kernels, UCC's, the vendors' custom all-reduce (vLLM's, PyTorch's
 symmetric-memory one- and two-shot and multimem kernels)."""
 
-COLLECTIVE_KERNEL = re.compile("|".join(
-    f"(?{'i' if pattern.flags & re.IGNORECASE else ''}:{pattern.pattern})" for _, pattern in FAMILIES))
-"""Any family's kernel, in one pattern: a trace's distinct kernel names are searched with it at once."""
+COLLECTIVE_KERNEL = tuple(pattern for _, pattern in FAMILIES)
+"""Any family's kernel: a trace's distinct kernel names are searched with all of them at once
+(:func:`gpuidle.model.name_search.found_any`)."""
 
 _OPS = (
     (re.compile(r"all_?reduce|cross_device_reduce", re.I), "all_reduce"),

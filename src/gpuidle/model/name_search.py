@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import numpy.typing as npt
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
+def _compiled(text: str, flags: int) -> re.Pattern[str]:
+    return re.compile(text, flags)
+
+
 def _per_line(pattern: re.Pattern[str]) -> re.Pattern[str]:
-    return re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
+    return _compiled(pattern.pattern, pattern.flags | re.MULTILINE)
 
 
 def _joined(names: Sequence[str]) -> str | None:
@@ -30,11 +34,9 @@ def _joined(names: Sequence[str]) -> str | None:
     return text if text.count("\n") == len(names) - 1 else None
 
 
-@lru_cache(maxsize=256)
-def anchored(pattern: re.Pattern[str]) -> bool:
-    """Whether every top-level alternative of the pattern starts with ``^`` (then searched name by name: this
-    decides the speed only, never the result)."""
-    text, depth, klass, i, starts = pattern.pattern, 0, False, 0, [0]
+def _alternatives(text: str) -> list[str]:
+    """The pattern's top-level alternatives (``a|(b|c)|d``: ``a``, ``(b|c)``, ``d``)."""
+    depth, klass, i, starts = 0, False, 0, [0]
     while i < len(text):
         c = text[i]
         if c == "\\":
@@ -53,7 +55,42 @@ def anchored(pattern: re.Pattern[str]) -> bool:
         elif c == "|" and depth == 0:
             starts.append(i + 1)
         i += 1
-    return all(text.startswith("^", at) for at in starts)
+    return [text[a:b - 1] for a, b in zip(starts, [*starts[1:], len(text) + 1], strict=True)]
+
+
+@lru_cache(maxsize=256)
+def anchored(pattern: re.Pattern[str]) -> bool:
+    """Whether every top-level alternative of the pattern starts with ``^`` (then searched name by name: this
+    decides the speed only, never the result)."""
+    return all(alt.startswith("^") for alt in _alternatives(pattern.pattern))
+
+
+@lru_cache(maxsize=256)
+def _parts(pattern: re.Pattern[str]) -> tuple[re.Pattern[str], ...]:
+    """The same search as a few patterns, either found: the alternatives anchored with ``^`` (searched name by
+    name) apart from the others (searched in the joined names), and in those a ``\\bword`` written
+    ``word(?<=\\bword)`` (the same matches): ``re`` skips ahead to a possible first character only where every
+    alternative starts with a literal. A pattern with back-references is left whole."""
+    text = pattern.pattern
+    if pattern.flags & re.VERBOSE or re.search(r"\\[1-9]|\(\?P=", text):
+        return (pattern,)
+    alts = _alternatives(text)
+    led = [_word_first(alt) for alt in alts]
+    at_start = [alt for alt in led if alt.startswith("^")]
+    rest = [alt for alt in led if not alt.startswith("^")]
+    groups = [g for g in (at_start, rest) if g]
+    if len(groups) == 1 and led == alts:
+        return (pattern,)
+    return tuple(_compiled("|".join(g), pattern.flags) for g in groups)
+
+
+def _word_first(alt: str) -> str:
+    """``\\bword...`` as ``word(?<=\\bword)...`` (a quantified last letter left after it); else as it is."""
+    run = re.match(r"\\b(\w+)", alt)
+    if run is None:
+        return alt
+    word = run[1][:-1] if alt[run.end():run.end() + 1] in ("*", "+", "?", "{") else run[1]
+    return f"{word}(?<=\\b{word}){alt[2 + len(word):]}" if word else alt
 
 
 _ASCII_FOLDS = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
@@ -67,7 +104,28 @@ def _lowercase(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
     change (``\\W``, ``\\S``...)."""
     if not pattern.flags & re.IGNORECASE or re.search(r"\\[A-Z]", pattern.pattern):
         return None
-    return re.compile(pattern.pattern.lower(), (pattern.flags & ~re.IGNORECASE) | re.MULTILINE)
+    return _compiled(pattern.pattern.lower(), (pattern.flags & ~re.IGNORECASE) | re.MULTILINE)
+
+
+class _Joined:
+    """The names joined by newlines, lowercased and split back, made once for every pattern searched in them."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = names
+
+    @cached_property
+    def text(self) -> str | None:
+        return _joined(self.names) if self.names else None
+
+    @cached_property
+    def folded(self) -> str:
+        return (self.text or "").translate(_ASCII_FOLDS).lower()
+
+    @cached_property
+    def line_starts(self) -> npt.NDArray[np.int64]:
+        starts = np.zeros(len(self.names), np.int64)
+        np.cumsum(np.fromiter(map(len, self.names), np.int64, len(self.names))[:-1] + 1, out=starts[1:])
+        return starts
 
 
 def found_in(names: Sequence[str], pattern: re.Pattern[str]) -> npt.NDArray[np.bool_]:
@@ -75,17 +133,36 @@ def found_in(names: Sequence[str], pattern: re.Pattern[str]) -> npt.NDArray[np.b
     case-insensitive one is searched lowercase in the lowercased names, and then, as itself, in the names it is
     found in there (those are all the names it is found in: the lowercasing folds every character ``re`` takes
     for an ASCII letter to that letter)."""
-    text = _joined(names) if names and not anchored(pattern) else None
+    return _found(_Joined(names), pattern)
+
+
+def found_any(names: Sequence[str], patterns: Sequence[re.Pattern[str]]) -> npt.NDArray[np.bool_]:
+    """Where any of the patterns is found (:func:`found_in` of each), the names joined and lowercased once."""
+    joined = _Joined(names)
+    out = np.zeros(len(names), bool)
+    for pattern in patterns:
+        out |= _found(joined, pattern)
+    return out
+
+
+def _found(joined: _Joined, pattern: re.Pattern[str]) -> npt.NDArray[np.bool_]:
+    parts = _parts(pattern)
+    if len(parts) > 1:
+        out = _found(joined, parts[0])
+        for part in parts[1:]:
+            out |= _found(joined, part)
+        return out
+    pattern = parts[0]
+    names = joined.names
+    text = joined.text if not anchored(pattern) else None
     if text is None:
         return np.fromiter((pattern.search(n) is not None for n in names), bool, len(names))
-    line_starts = np.zeros(len(names), np.int64)
-    np.cumsum(np.fromiter(map(len, names), np.int64, len(names))[:-1] + 1, out=line_starts[1:])
     lowercase = _lowercase(pattern)
-    folded = text.translate(_ASCII_FOLDS).lower() if lowercase is not None else ""
+    folded = joined.folded if lowercase is not None else ""
     search = _per_line(pattern) if lowercase is None or len(folded) != len(text) else lowercase
     hits = np.fromiter((m.start() for m in search.finditer(text if search is not lowercase else folded)), np.int64)
     out = np.zeros(len(names), bool)
-    rows = np.searchsorted(line_starts, hits, side="right") - 1  # in order, as finditer gives the hits
+    rows = np.searchsorted(joined.line_starts, hits, side="right") - 1  # in order, as finditer gives the hits
     if rows.size:  # each name once (np.unique would load numpy.ma, a start-up cost of every analysis)
         rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
     if search is lowercase:
@@ -97,7 +174,9 @@ def found_in(names: Sequence[str], pattern: re.Pattern[str]) -> npt.NDArray[np.b
 def any_found(names: Sequence[str], pattern: re.Pattern[str], folded: bool = False) -> bool:
     """Whether ``pattern`` is found in any of the names (``folded``: in the lowercased names), as
     ``any(pattern.search(n) ...)`` gives it, for a pattern that cannot match a newline."""
-    text = _joined(names) if names and not anchored(pattern) else None
-    if text is None:
-        return any(pattern.search(n.lower() if folded else n) for n in names)
-    return _per_line(pattern).search(text.lower() if folded else text) is not None
+    joined = _Joined([n.lower() for n in names] if folded else names)
+    for part in _parts(pattern):
+        text = joined.text if not anchored(part) else None
+        if (any(part.search(n) for n in joined.names) if text is None else _per_line(part).search(text) is not None):
+            return True
+    return False

@@ -33,7 +33,7 @@ from gpuidle.model import (
 )
 from gpuidle.model.arrays import distinct
 from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
-from gpuidle.model.name_search import found_in
+from gpuidle.model.name_search import found_any
 from gpuidle.sources import step_markers
 from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
@@ -134,7 +134,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     kind = d["kind"].astype(np.int8)
     kernel_names = distinct(names[kind == DeviceOpKind.KERNEL])
     collective_name = np.zeros(len(strings), bool)
-    collective_name[kernel_names] = found_in([strings[n] for n in kernel_names.tolist()], COLLECTIVE_KERNEL)
+    collective_name[kernel_names] = found_any([strings[n] for n in kernel_names.tolist()], COLLECTIVE_KERNEL)
     copy_of_name = np.zeros(len(strings), np.int8)
     for n in distinct(names[kind == DeviceOpKind.MEMCPY]).tolist():
         copy_of_name[n] = copy_kind(strings[n])

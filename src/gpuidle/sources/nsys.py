@@ -42,7 +42,7 @@ from gpuidle.model import (
 )
 from gpuidle.model.arrays import distinct
 from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
-from gpuidle.model.name_search import found_in
+from gpuidle.model.name_search import found_any
 from gpuidle.sources import nsys_db, step_markers
 from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kineto_columns import check_span
@@ -219,7 +219,7 @@ def _device_rows(t: Tables, names: _Names, notes: list[str]) -> _Rows | None:
         short_ids, short_of = np.unique(kern["short"], return_inverse=True)
         nccl = np.array([text.get(int(s), "").lower().startswith("nccl") for s in short_ids.tolist()], dtype=bool)
         kern["name"] = names.mapped(kern["name"], text)
-        by_name = found_in(list(names.ids), COLLECTIVE_KERNEL)
+        by_name = found_any(list(names.ids), COLLECTIVE_KERNEL)
         is_coll = nccl[short_of.reshape(-1)] | by_name[kern["name"]]
         kern["kind"] = np.where(is_coll, DeviceOpKind.COLLECTIVE, DeviceOpKind.KERNEL).astype(np.int64)
         kern["copy"] = np.full(kern["start"].size, CopyKind.NONE, dtype=np.int64)

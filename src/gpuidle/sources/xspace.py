@@ -48,7 +48,7 @@ from gpuidle.model import (
 )
 from gpuidle.model.arrays import distinct
 from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
-from gpuidle.model.name_search import found_in
+from gpuidle.model.name_search import found_any
 from gpuidle.sources import step_markers, xplanes
 from gpuidle.sources.kineto_columns import check_span
 from gpuidle.sources.kineto_events import I32_MAX
@@ -196,7 +196,7 @@ def _device_ops(d: dict[str, I64], strings: list[str], t0: int) -> DeviceOps:
     n = len(strings)
     is_copy = np.fromiter((bool(re.match(r"(?i)memcpy", s)) for s in strings), dtype=bool, count=n)
     is_set = np.fromiter((bool(re.match(r"(?i)memset", s)) for s in strings), dtype=bool, count=n)
-    nccl = found_in(strings, COLLECTIVE_KERNEL)
+    nccl = found_any(strings, COLLECTIVE_KERNEL)
     xla_coll = np.fromiter((bool(_XLA_COLLECTIVE.match(s)) for s in strings), dtype=bool, count=n)
     copies = np.fromiter((copy_kind(s) for s in strings), dtype=np.int8, count=n)
     name, op = d["name"], d["op"]
