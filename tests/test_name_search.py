@@ -10,15 +10,16 @@ import numpy as np
 from gpuidle.analysis import names as name_classes
 from gpuidle.analysis import startup
 from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
-from gpuidle.model.name_search import anchored, any_found, found_any, found_in
+from gpuidle.model.name_search import JoinedNames, anchored, found_any, found_in
 from gpuidle.sources.kernel_arch import FAMILIES
-from gpuidle.sources.step_markers import PROFILER_STEP_NAME
+from gpuidle.sources.step_markers import ENGINE_ITERATION_NAME, PROFILER_STEP_NAME
 
 FACTS = [p for fact in vars(name_classes).values() if isinstance(fact, tuple) and fact
          and all(isinstance(p, re.Pattern) for p in fact) for p in fact]
 """The name classes' patterns (:class:`gpuidle.analysis.names.NameClasses`)."""
 STARTUP = [p for p in vars(startup).values() if isinstance(p, re.Pattern)]
-PATTERNS = [*COLLECTIVE_KERNEL, PROFILER_STEP_NAME, *(p for _, ps in FAMILIES for p in ps), *FACTS, *STARTUP]
+PATTERNS = [*COLLECTIVE_KERNEL, PROFILER_STEP_NAME, ENGINE_ITERATION_NAME, *(p for _, ps in FAMILIES for p in ps),
+            *FACTS, *STARTUP]
 """Every pattern searched through :mod:`gpuidle.model.name_search` (the readers' kernel and step patterns, the name
 classes, one-time work's kinds)."""
 PIECES = ["ncclDevKernel_AllReduce", "nccl", "kernel", "ProfilerStep#", "12", "sm90_", "_sm80", "wgmma", "Cijk_",
@@ -30,7 +31,8 @@ PIECES = ["ncclDevKernel_AllReduce", "nccl", "kernel", "ProfilerStep#", "12", "s
           "DataLoader", "data_load", "IteratorGetNext", "device_put", "compil", "Compil", "nvrtc", "re", "ing",
           "ation", "c10d::", "cudaStreamSynchronize", "cudaFree", "aten::item", "Torch-Compiled Region", "triton_",
           "cuModuleLoad", "cudaGraphLaunch", "vllm", "eigenmetakernel", "bn_", "_norm_", "implicit_gemm", "fp16",
-          "torch/", "<built-in", "$", "(", ")", ".py"]
+          "torch/", "<built-in", "$", "(", ")", ".py", "execute_model", "core step: ", "run_batch", "EngineCore.step",
+          "sm70_", "sm75_", "sm86_", "ck_", "cijk_", "turing_", "maxwell_", "sm100_"]
 """Pieces of names: the patterns' literals, and characters ``re`` takes for an ASCII letter whatever the case
 (``İ``, ``ı``, ``ſ``, the Kelvin sign) in them."""
 
@@ -40,7 +42,7 @@ def names(rng: random.Random, newlines: bool) -> list[str]:
     return ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(0, 60))]
 
 
-def test_found_in_and_any_found_are_each_names_search() -> None:
+def test_found_in_and_any_are_each_names_search() -> None:
     rng = random.Random(7)
     for case in range(600):
         batch = names(rng, newlines=case % 5 == 0)
@@ -48,8 +50,8 @@ def test_found_in_and_any_found_are_each_names_search() -> None:
             each = np.array([pattern.search(n) is not None for n in batch], bool)
             assert np.array_equal(found_in(batch, pattern), each), (pattern.pattern, batch)
             folded = [n.lower() for n in batch]
-            assert any_found(batch, pattern) == bool(each.any())
-            assert any_found(batch, pattern, folded=True) == any(pattern.search(n) for n in folded)
+            assert JoinedNames(batch).any(pattern) == bool(each.any())
+            assert JoinedNames([n.lower() for n in batch]).any(pattern) == any(pattern.search(n) for n in folded)
         families = np.array([any(p.search(n) for p in COLLECTIVE_KERNEL) for n in batch], bool)
         assert np.array_equal(found_any(batch, COLLECTIVE_KERNEL), families)
 
@@ -58,7 +60,7 @@ def test_a_name_holding_a_newline_is_its_own_name() -> None:
     """``^`` anchors at a name's start, not after a newline inside it."""
     pattern = re.compile(r"^ncclKernel")
     assert found_in(["x\nncclKernel", "ncclKernel"], pattern).tolist() == [False, True]
-    assert not any_found(["x\nncclKernel"], pattern)
+    assert not JoinedNames(["x\nncclKernel"]).any(pattern)
     assert found_in([], pattern).size == 0
 
 
@@ -67,15 +69,18 @@ def test_hand_made_patterns_split_and_word_led_search_as_written() -> None:
     rng = random.Random(11)
     patterns = [re.compile(p, f) for p, f in (
         (r"\bab?c|^x\w*y|\bq{2}|z", 0), (r"\bnvshmemi?_|^ncclKernel|ucc_", re.I), (r"\b(a|b)c|^(d)\1", 0),
-        (r"\b_x+|\b\d|\bé", 0), (r"^a|^b", 0), (r"\bkernel", re.I), (r"(?:\bdeep_|\b)ep::\w*dispatch|^m", 0))]
+        (r"\b_x+|\b\d|\bé", 0), (r"^a|^b", 0), (r"\bkernel", re.I), (r"(?:\bdeep_|\b)ep::\w*dispatch|^m", 0),
+        (r"^(a|b)c|(x|y)+z|(?:q|\bd)d|(?:(a|b)|c)?y", 0), (r"(?i:a|b)c|(?=x)y|(?<!q)qq|(one|two)_x", 0),
+        (r"\b(?:one|two|o)::x|\b(a|b)+c", re.I))]
     pieces = ["a", "b", "c", "x", "y", "q", "qq", "z", "_", " ", "nvshmem", "NVSHMEMI_", "ncclKernel", "Ucc_",
-              "d", "dd", "1", "é", "Kernel", "deep_ep::", "ep::", "dispatch", "m", "\n", "ı", "İ"]
+              "d", "dd", "1", "é", "Kernel", "deep_ep::", "ep::", "dispatch", "m", "\n", "ı", "İ", "one", "two", "A",
+              "B"]
     for _ in range(400):
         batch = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 5))) for _ in range(rng.randint(0, 30))]
         for pattern in patterns:
             each = [pattern.search(n) is not None for n in batch]
             assert found_in(batch, pattern).tolist() == each, (pattern.pattern, batch)
-            assert any_found(batch, pattern) == any(each)
+            assert JoinedNames(batch).any(pattern) == any(each)
 
 
 def test_a_pattern_anchored_in_every_alternative_is_told_apart() -> None:

@@ -13,7 +13,7 @@ import functools
 import re
 
 FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("nccl", re.compile(r"^(nccl|rccl)\w*kernel|^ncclDevKernel|^ncclKernel", re.I)),
+    ("nccl", re.compile(r"^nccl\w*kernel|^rccl\w*kernel|^ncclDevKernel|^ncclKernel", re.I)),
     ("msccl", re.compile(r"^msccl|mscclpp", re.I)),
     ("deepep", re.compile(
         r"(?:\bdeep_|\b)ep::(?:\w+::)*\w*(?:dispatch|combine|notify)"

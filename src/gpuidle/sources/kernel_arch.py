@@ -14,18 +14,18 @@ import re
 
 from gpuidle.model import DeviceOpKind, DeviceOps
 from gpuidle.model.arrays import distinct
-from gpuidle.model.name_search import any_found
+from gpuidle.model.name_search import JoinedNames
 
 FAMILIES: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...] = (
     ("maxwell", (re.compile(r"^maxwell_"),)),
     ("pascal", (re.compile(r"^pascal_"),)),
-    ("volta", (re.compile(r"^(volta_|sm70_)"), re.compile(r"_volta_"))),
-    ("turing", (re.compile(r"^(turing_|sm75_)"),)),
-    ("ampere", (re.compile(r"^(ampere_|sm8[06]_)"), re.compile(r"_sm8[06]_|cutlass_80_|_sm80\b"))),
+    ("volta", (re.compile(r"^volta_|^sm70_"), re.compile(r"_volta_"))),
+    ("turing", (re.compile(r"^turing_|^sm75_"),)),
+    ("ampere", (re.compile(r"^ampere_|^sm8[06]_"), re.compile(r"_sm8[06]_|cutlass_80_|_sm80\b"))),
     ("ada", (re.compile(r"^sm89_"), re.compile(r"_sm89_"))),
     ("hopper", (re.compile(r"^sm90a?_"), re.compile(r"_sm90a?_|wgmma|cutlass3x_sm90|_sm90\b"))),
     ("blackwell", (re.compile(r"^sm10\d_"), re.compile(r"_sm10\d[af]?_|cutlass3x_sm10\d|tcgen05"))),
-    ("cdna", (re.compile(r"^(cijk_|ck_)"), re.compile(r"rocblas|miopen|hipblaslt"))),
+    ("cdna", (re.compile(r"^cijk_|^ck_"), re.compile(r"rocblas|miopen|hipblaslt"))),
     ("cdna2", (re.compile(r"gfx90a"),)),
     ("cdna3", (re.compile(r"gfx94[0-2]"),)),
 )
@@ -54,7 +54,9 @@ def kernel_arch_by_device(strings: list[str], ops: DeviceOps) -> dict[int, str]:
     kernels = ops.kind == DeviceOpKind.KERNEL
     for d in distinct(ops.device[kernels]):
         names = [strings[n] for n in distinct(ops.name[kernels & (ops.device == d)]).tolist()]
-        found = [name for name, patterns in FAMILIES if any(any_found(names, p, name in FOLDED) for p in patterns)]
+        joined, lowered = JoinedNames(names), JoinedNames([n.lower() for n in names])
+        found = [name for name, patterns in FAMILIES
+                 if any((lowered if name in FOLDED else joined).any(p) for p in patterns)]
         cdna = [f for f in found if f.startswith("cdna")]
         best = max(cdna or found, key=lambda n: ORDER[n], default=None)
         if best is not None:

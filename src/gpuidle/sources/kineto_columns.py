@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from itertools import repeat
+from itertools import islice, repeat
 from operator import attrgetter, ne
 from typing import Any
 
@@ -251,7 +251,8 @@ class Columns:
     def _collective_rows(self, known: int, names: I64) -> list[int]:
         """Rows (of ``names``) that are collectives; ``known``: the names known before this chunk."""
         sid = self.string_ids
-        self._collective_ids.update(known + i for i, n in enumerate(list(sid)[known:])
+        last = len(sid) - 1  # the names new in this chunk are the dict's last, read from its end
+        self._collective_ids.update(last - i for i, n in enumerate(islice(reversed(sid), len(sid) - known))
                                     if n == "record_param_comms" or n.startswith("nccl:"))
         if not self._collective_ids:
             return []

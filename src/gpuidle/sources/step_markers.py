@@ -30,10 +30,9 @@ PROFILER_STEP_NAME = re.compile(r"^ProfilerStep#([0-9]{1,18})$")
 STEP_NAME = re.compile(r"^(?:train(?:ing)?[ _-]?)?(?:step|iteration|iter)\s*[#:_ -]?\s*([0-9]{1,18})$",
                        re.IGNORECASE)
 """A range a user named as a step: ``step 12``, ``train_step#3``, ``iteration 7``."""
-ENGINE_ITERATION_NAME = re.compile(
-    r"^(core step: execute_model|EngineCore\.step|execute_model|LLMEngine\.step|Scheduler\.run_batch"
-    r"|run_batch|forward_batch_generation)$"
-)
+ENGINE_ITERATION_NAME = re.compile("|".join(f"^{re.escape(name)}$" for name in (
+    "core step: execute_model", "EngineCore.step", "execute_model", "LLMEngine.step", "Scheduler.run_batch",
+    "run_batch", "forward_batch_generation")))
 """One iteration of a serving engine's loop: vLLM's engine core and worker (``core step: execute_model``,
 ``execute_model``), SGLang's scheduler (``run_batch``, ``forward_batch_generation``)."""
 
@@ -74,7 +73,7 @@ def numbered_ranges(strings: list[str], host: HostEvents, pattern: re.Pattern[st
 def engine_iterations(strings: list[str], host: HostEvents) -> Steps:
     """A serving engine's iteration ranges, numbered in order: of the engine names, the one recorded most often,
     on the thread that records it most, its outermost ranges (an iteration traced twice, nested, counts once)."""
-    ids = [i for i, s in enumerate(strings) if ENGINE_ITERATION_NAME.match(s)]
+    ids = np.flatnonzero(found_in(strings, ENGINE_ITERATION_NAME)).tolist()
     if not ids:
         return none()
     rows = np.flatnonzero(np.isin(host.name, ids) & (host.kind != HostKind.PYTHON))
