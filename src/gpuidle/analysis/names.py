@@ -20,7 +20,7 @@ import numpy as np
 
 from gpuidle.model import FILE_READ_CALLS, XLA_DISPATCH
 from gpuidle.model.arrays import distinct
-from gpuidle.model.name_search import found_in
+from gpuidle.model.name_search import JoinedNames, found_in
 
 Fact = tuple[re.Pattern[str], ...]
 """A name has the fact where any of the patterns is found in it."""
@@ -130,12 +130,10 @@ def shapes(strings: list[str]) -> tuple[list[str], np.ndarray]:
     return list(index), inverse
 
 
-def _mask(strings: list[str], test: Fact | frozenset[str]) -> np.ndarray:
-    if isinstance(test, frozenset):
-        return np.fromiter((s in test for s in strings), dtype=bool, count=len(strings))
-    mask = np.zeros(len(strings), dtype=bool)
+def _mask(names: JoinedNames, test: Fact) -> np.ndarray:
+    mask = np.zeros(len(names.names), dtype=bool)
     for pattern in test:
-        mask |= found_in(strings, pattern)
+        mask |= names.found(pattern)
     return mask
 
 
@@ -167,10 +165,15 @@ class NameClasses(msgspec.Struct, frozen=True):
     """The distinct shapes of the names (:func:`shapes`), for a pattern tested once per shape..."""
     shape: np.ndarray
     """...and each name's index among them."""
+    searchable: JoinedNames
+    """The shapes joined once, for :meth:`matching` over all names."""
 
     def matching(self, pattern: re.Pattern[str], rows: np.ndarray | None = None) -> np.ndarray:
         """Which names (of string ids ``rows``, all where None) ``pattern`` finds, searched once per shape."""
-        ids = self.shape if rows is None else self.shape[rows]
+        if rows is None:
+            every: np.ndarray = self.searchable.found(pattern)[self.shape]
+            return every
+        ids = self.shape[rows]
         tested = distinct(ids)
         hit = np.zeros(len(self.shaped), dtype=bool)
         hit[tested] = found_in([self.shaped[i] for i in tested.tolist()], pattern)
@@ -180,20 +183,21 @@ class NameClasses(msgspec.Struct, frozen=True):
     @classmethod
     def of(cls, strings: list[str]) -> NameClasses:
         shaped, of_shape = shapes(strings)
-        lowered = [s.lower() for s in shaped]
+        joined, lowered = JoinedNames(shaped), JoinedNames([s.lower() for s in shaped])
 
         def mask(test: Fact | frozenset[str]) -> np.ndarray:
             if isinstance(test, frozenset):
-                return _mask(strings, test)
-            found: np.ndarray = _mask(lowered if test in FOLDED else shaped, test)[of_shape]
+                return np.fromiter((s in test for s in strings), dtype=bool, count=len(strings))
+            found: np.ndarray = _mask(lowered if test in FOLDED else joined, test)[of_shape]
             return found
 
         gemm, conv = mask(GEMM), mask(CONV)
         matrix_like = np.flatnonzero(gemm | conv)  # the other facts of kernels are of these names only
+        matrix_names = JoinedNames([strings[i].lower() for i in matrix_like.tolist()])
 
         def of_matrix_like(test: Fact) -> np.ndarray:
             found = np.zeros(len(strings), dtype=bool)
-            found[matrix_like] = _mask([strings[i].lower() for i in matrix_like.tolist()], test)
+            found[matrix_like] = _mask(matrix_names, test)
             return found
 
         matrix_math = ~of_matrix_like(NOT_MATRIX_MATH)
@@ -218,5 +222,5 @@ class NameClasses(msgspec.Struct, frozen=True):
             gemm=gemm & matrix_math,
             conv=conv & matrix_math,
             reduced_precision=of_matrix_like(REDUCED_PRECISION),
-            shaped=shaped, shape=of_shape,
+            shaped=shaped, shape=of_shape, searchable=joined,
         )
