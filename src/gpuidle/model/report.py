@@ -417,6 +417,10 @@ class DeviceTimeline(msgspec.Struct, frozen=True):
     """Index into :data:`CAUSES`."""
     seg_step: I64
     """The step number each segment lies in (segments never cross a step boundary)."""
+    step_numbers: I64
+    step_bounds: I64
+    """This device's own steps, as :attr:`IdleTimeline.step_bounds`: where the devices run their steps apart
+    (``Timeline.device_steps``), each device's, so its figures are those of the report's device."""
     bin_edges: I64
     """Equal slices of the window, ``n + 1`` edges, for a utilization-over-time plot."""
     bin_busy: npt.NDArray[np.float64]
@@ -437,7 +441,8 @@ class IdleTimeline(msgspec.Struct, frozen=True):
     """Trace clock of time zero, in ns: add it back to write the trace's own timestamps."""
     step_numbers: I64
     step_bounds: I64
-    """Step ``i`` is ``[step_bounds[i], step_bounds[i + 1])``; the last bound is the window end."""
+    """The rank's steps (the busiest device's, where the devices run theirs apart): step ``i`` is
+    ``[step_bounds[i], step_bounds[i + 1])``; the last bound is the window end."""
     devices: list[DeviceTimeline]
     note: str | None = None
     """Why this trace was chosen, when it stands for a job."""

@@ -239,7 +239,7 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
                     "by cause; busy is blank). "
                     "Dashed lines are step starts.</p>"
                     + "".join(f"<h3>GPU {d.device}{' · ' + esc(d.name) if d.name else ''}</h3>"
-                              + timeline_chart(timeline, d) for d in timeline.devices)
+                              + timeline_chart(d) for d in timeline.devices)
                     + legend() + "</section>")
     if shown.steps:
         body.append(f'<section id="steps"><h2>Per step: rank {shown.rank}, GPU {shown.primary().device}</h2>'
