@@ -3,8 +3,8 @@
 Both schemas are read: the old categories (``Kernel``, ``Runtime``, ``Operator``,
 ``Memcpy``, ``Memset``, GPU ``tid`` like ``"stream 7"``) and the new ones (``kernel``,
 ``cuda_runtime``, ``cuda_driver``, ``cpu_op``, ``user_annotation``, ``gpu_memcpy``,
-``gpu_memset``). ROCm traces use the same categories with HIP names. Unknown
-categories are ignored.
+``gpu_memset``, and ``gpu_user_annotation``: ranges on a device's own timeline, kept apart from its work).
+ROCm traces use the same categories with HIP names. Unknown categories are ignored.
 
 Only the fields used are decoded (typed msgspec structs), chunk by chunk, straight
 into numpy columns; no per-event object survives a chunk.
@@ -26,6 +26,7 @@ from gpuidle.model import (
     CopyKind,
     DeviceOpKind,
     DeviceOps,
+    DeviceRanges,
     HostEvents,
     Steps,
     Timeline,
@@ -37,7 +38,7 @@ from gpuidle.model.name_search import found_in
 from gpuidle.sources import step_markers
 from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
-from gpuidle.sources.kineto_columns import MAX_SPAN_US
+from gpuidle.sources.kineto_columns import DEVICE_RANGE, MAX_SPAN_US
 from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.kineto_read import read_columns
 
@@ -95,7 +96,9 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     """
     cols, header = read_columns(path, progress)
     skipped = [f"{n} events skipped: {reason} (first: {first})" for reason, (n, first) in cols.skipped.items()]
-    if not cols.dev["ts"]:
+    d = {k: np.concatenate(v) for k, v in cols.dev.items()} if cols.dev["ts"] else {}
+    work = d["kind"] != DEVICE_RANGE if d else np.zeros(0, dtype=bool)
+    if not work.any():
         if cols.foreign:
             raise NotATrace(
                 f"{path}: a trace of a non-GPU accelerator ({', '.join(sorted(cols.foreign))} events)",
@@ -118,7 +121,6 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
             f"{path}: no GPU activity in this trace (CPU-only: {cols.hosts} host events, 0 kernels)",
             "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] on a GPU run",
         )
-    d = {k: np.concatenate(v) for k, v in cols.dev.items()}
     h = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.host.items()}
     strings = cols.strings
     t0_us = float(np.floor(min(d["ts"].min(), h["ts"].min() if h["ts"].size else np.inf)))
@@ -128,7 +130,17 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
                            f"(from ts {t0_us:.0f} to {end_us:.0f} µs)",
                            "timestamps from different clocks, or a damaged file; a profile covers seconds")
     dstart = _to_ns(d["ts"] - t0_us)
+    dend = dstart + np.maximum(_to_ns(d["dur"]), 0)
     hstart = _to_ns(h["ts"] - t0_us)
+    device_ranges = DeviceRanges.none()
+    if not work.all():  # ranges on the devices' timelines: kept apart from the work
+        marked = ~work
+        device_ranges = DeviceRanges(start=dstart[marked], end=dend[marked],
+                                     device=d["device"][marked].astype(np.int32),
+                                     stream=d["stream"][marked].astype(np.int32),
+                                     name=d["name"][marked].astype(np.int32))
+        d = {k: v[work] for k, v in d.items()}
+        dstart, dend = dstart[work], dend[work]
     names = d["name"].astype(np.int32)
     # per distinct name of a kernel or a copy, not per event nor per name of the trace: collectives, copy kinds
     kind = d["kind"].astype(np.int8)
@@ -140,7 +152,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
         copy_of_name[n] = copy_kind(strings[n])
     kind[(kind == DeviceOpKind.KERNEL) & collective_name[names]] = DeviceOpKind.COLLECTIVE
     device_ops = DeviceOps(
-        start=dstart, end=dstart + np.maximum(_to_ns(d["dur"]), 0),
+        start=dstart, end=dend,
         device=d["device"].astype(np.int32),
         stream=d["stream"].astype(np.int32),
         kind=kind,
@@ -170,7 +182,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     meta.notes.extend(skipped)
     return Timeline(
         strings=strings, threads=cols.threads, device_ops=device_ops, host=host,
-        collectives=collectives, steps=_steps(strings, host, meta.notes), meta=meta,
+        collectives=collectives, steps=_steps(strings, host, meta.notes), meta=meta, device_ranges=device_ranges,
     )
 
 
