@@ -144,8 +144,9 @@ def test_launches_without_their_kernels_are_said_as_lost_records(tmp_path: Path)
 
 
 def test_launches_and_no_kernel_at_all_is_not_called_cpu_only(tmp_path: Path) -> None:
-    """CUDA was recorded (launches with their correlation ids) and no kernel record came: an error that says the
-    device's records are missing, never "CPU-only: profile with CUDA"."""
+    """CUDA was recorded (launches with their correlation ids) and no kernel record came: the host's side is
+    reported and the device's records said missing, never "CPU-only: profile with CUDA"; without a launch either,
+    an error."""
     from gpuidle.errors import GpuidleError
 
     t = Trace()
@@ -153,8 +154,12 @@ def test_launches_and_no_kernel_at_all_is_not_called_cpu_only(tmp_path: Path) ->
         t.op("aten::mm", i * 100, 20)
         t.runtime("cudaLaunchKernel", i * 100 + 5, 5)
         t.events[-1]["args"]["correlation"] = 100 + i
-    with pytest.raises(GpuidleError, match="5 kernel launches with their correlation ids and no kernel record"):
-        analyze([t.write(tmp_path / "no_kernels.json.gz")])
+    report = analyze([t.write(tmp_path / "no_kernels.json.gz")])
+    assert report.ranks == []
+    assert [h.lost_launches for h in report.host_side] == [5]
+    (q,) = report.quality
+    assert q.says.startswith("device records lost: 5 kernel launches with no kernel record")
+    assert report.host_side[0].top_calls[0].count == 5   # aten::mm, 20 µs each
     t = Trace()
     t.op("aten::mm", 0, 20)
     with pytest.raises(GpuidleError, match="CPU-only"):

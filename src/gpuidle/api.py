@@ -368,6 +368,9 @@ def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS,
     if report.source.format == tracker.FORMAT:
         raise GpuidleError("the step tracker records step times, not device intervals: no timeline to draw",
                            "profile a few steps with tracker.profile(steps=...) and use that trace")
+    if not report.ranks:
+        raise GpuidleError("the trace's device records were lost: no device timeline to draw",
+                           "profile again keeping the device records (a larger CUPTI buffer, a shorter window)")
     if len(report.ranks) == 1:
         return idle_timeline(report.ranks[0].path, bins, rank=report.ranks[0].rank)
     worst = min(report.ranks, key=lambda r: (r.primary().utilization, r.rank))
@@ -470,8 +473,15 @@ def record_analysis(
     ledger_path: str | Path | None = None,
     kind: str = "analyze",
 ) -> int:
-    """Record an analysis in the ledger (default: :func:`gpuidle.ledger.default_path`); return the run id."""
+    """Record an analysis in the ledger (default: :func:`gpuidle.ledger.default_path`); return the run id.
+
+    :raises GpuidleError: a report without device figures (every rank's device records lost): nothing to compare.
+    """
     from gpuidle import ledger
+
+    if not report.ranks:
+        raise GpuidleError("a report without device figures (its device records were lost) is not recorded: "
+                           "nothing in it to compare")
 
     facts = ledger.analysis_facts(report)
     facts.update(ledger.Facts(notes=notes, batch_size=batch_size))
@@ -496,6 +506,9 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[notebook.
                                    "run ids or labels, or reports written by gpuidle analyze --json") from None
             raise GpuidleError(f"{shown}: not a gpuidle JSON report ({err})",
                                "give a report written by gpuidle analyze --json, a run id or a label") from None
+        if not report.ranks:
+            raise GpuidleError(f"{shown}: a report without device figures (its device records were lost): nothing "
+                               "to compare", "compare reports of traces that kept their device records")
         return notebook.public(report), comparison.RunInfo(ref=shown)
     path = Path(ledger_path).expanduser() if ledger_path is not None else ledger.default_path()
     if not ledger.exists(path):

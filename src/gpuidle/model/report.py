@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .advice import Combined, CostResult, Declined, Recommendation
+from .host_side import HostSide
 from .jsonio import JsonStruct
 from .mesh import MeshDim
 from .quality import TraceQuality
@@ -383,6 +384,9 @@ class AnalysisReport(JsonStruct, kw_only=True):
     """True: steps marked ``excluded`` still count in per-step figures and gains (``--include-warmup``)."""
     scale_out: ScaleOut | None = None
     """The job at more GPUs (``--scale-to N``); absent otherwise."""
+    host_side: list[HostSide] = msgspec.field(default_factory=list)
+    """Ranks whose traces lost every device record, reported from their host side alone: in no figure of
+    :attr:`ranks` nor of the job, and a report that has them is incomplete (``gpuidle analyze`` exits 1)."""
 
     def utilization(self) -> float:
         """The run's utilization, one definition for every command: the mean over the traced ranks of each rank's

@@ -36,7 +36,8 @@ earlier minor is read so; 9: ``ranks[].sync_sources``, step sources ``device_ste
 ``named_ranges``; 10: ``steps[].main_calls``, ``communication.mesh``, ``steps[].comm_by_dim_s``; 11: ``scale_out``,
 the job at more GPUs; 12: ``declined``, ``steps[].zero_grad_s``, ``ranks[].workload.libraries``; 13: ``quality``
 and ``ranks[].quality``, what the trace cannot tell, no longer among the fixes; step sources ``repeating_ranges``
-and ``device_period``; 14: step source ``repeating_device_ranges``, a range on the GPU's own timeline)."""
+and ``device_period``; 14: step source ``repeating_device_ranges``, a range on the GPU's own timeline;
+``host_side``, the ranks whose device records were lost, reported from their host side alone)."""
 WINDOW_LESS_STARTUP = 8
 """The minor from which ``devices[].window_s`` leaves start-up out."""
 
@@ -221,6 +222,9 @@ class TraceMeta(msgspec.Struct):
     """Per device, the GPU family its kernel names were built for (``volta``, ``sm90``, ``gfx942``...)."""
     header_flags: dict[str, Any] = msgspec.field(default_factory=dict)
     """Recording options the trace header states (Kineto ``with_stack``, ``record_shapes``)."""
+    device_records_lost: int = 0
+    """Kernel launches with a correlation id where the trace holds no device record at all: the device's activity
+    was recorded and lost (a full buffer, a dropped activity kind); the timeline has the host side alone."""
 
 
 @dataclass(slots=True)

@@ -102,7 +102,7 @@ QUALITY_HEAD = "What this trace can tell"
 
 def quality_lines(report: AnalysisReport) -> list[tuple[str, str | None]]:
     """Each statement of what the trace cannot tell, with the recording change that would show it (or None)."""
-    several = len(report.ranks) > 1
+    several = len(report.ranks) + len(report.host_side) > 1
     out = []
     for q in report.quality:
         who = f" (rank{'s' if len(q.ranks) > 1 else ''} {ranges(q.ranks)})" if several and q.ranks else ""
