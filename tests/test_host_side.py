@@ -219,3 +219,21 @@ def test_no_launch_and_no_kernel_stays_an_error(tmp_path: Path) -> None:
     assert proc.stderr.startswith("gpuidle: error:")
     assert "CPU-only" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_job_without_device_records_is_a_row_without_figures_in_the_fleet(tmp_path: Path) -> None:
+    """A folder of jobs, one of whose traces lost its device records: that job's row says so, without figures,
+    the other job's row is as ever; exit code 1."""
+    fleet = tmp_path / "fleet"
+    (fleet / "lost").mkdir(parents=True)
+    (fleet / "kept").mkdir()
+    without_device(DATA / "h200_dataloader__before.pt.trace.json.gz", fleet / "lost" / "rank0.json.gz")
+    shutil.copy(DATA / "h200_dataloader__after.pt.trace.json.gz", fleet / "kept")
+    proc = subprocess.run([sys.executable, "-m", "gpuidle", "analyze", str(fleet), "--json", "--no-ledger"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    rows = {j["name"]: j for j in json.loads(proc.stdout)["jobs"]}
+    assert rows["lost"]["error"].startswith("no device figures: rank 0")
+    assert "104 kernel launches with no kernel record" in rows["lost"]["error"]
+    assert rows["kept"]["error"] is None
+    assert rows["kept"]["gpus"] == 1
