@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from conftest import DATA
+from corpus import CORPUS, needs_corpus
 from gpuidle import api
 from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.links import launcher_rows
@@ -264,3 +265,27 @@ def test_cli_annotate_a_job_takes_the_lowest_utilization_rank(tmp_path: Path) ->
                 assert totals.get(cause, 0) == pytest.approx(seconds * 1e9, abs=2), cause
     assert any(cause == "straggler_wait" for rows in annotated.values() for cause, *_ in rows) == \
         (worst.primary().idle_by_cause_s["straggler_wait"] > 0)
+
+
+@needs_corpus
+def test_each_gpu_is_annotated_over_its_own_steps(tmp_path: Path) -> None:
+    """A multi-GPU XSpace profile whose GPUs run their steps apart (GPU 4's step of 19.9 ms, GPU 6's of 21.3 ms,
+    647 ms later): each GPU's idle in the annotated trace, summed from its events, is the report's idle of that GPU,
+    cause by cause, and lies inside a span no longer than that GPU's own window; never one window for both."""
+    (src,) = (CORPUS / "tf_bert_multigpu_v100").glob("*.xplane.pb")
+    (rank,) = api.analyze([src]).ranks
+    out = tmp_path / "bert.json.gz"
+    api.annotate_trace(src, out)
+    annotated = track(load(out))
+    devices = {d.device: d for d in rank.devices}
+    assert {4, 6} <= set(annotated)
+    for device, rows in annotated.items():
+        d = devices[device]
+        totals: dict[str, int] = {}
+        for cause, a, b, _ in rows:
+            totals[cause] = totals.get(cause, 0) + b - a
+        assert sum(totals.values()) == pytest.approx(d.idle_s * 1e9, abs=2), device
+        for cause, seconds in d.idle_by_cause_s.items():
+            assert totals.get(cause, 0) == pytest.approx(seconds * 1e9, abs=2), (device, cause)
+        assert max(b for _, _, b, _ in rows) - min(a for _, a, _, _ in rows) <= d.window_s * 1e9 + 1
+    assert devices[4].idle_s == pytest.approx(4.99e-3, abs=0.01e-3)  # not GPU 6's window: 21.3 ms of idle

@@ -217,6 +217,13 @@ def test_mutant(n: int, tmp_path: Path, capsys: pytest.CaptureFixture[str], monk
     if code == 0:
         assert err == "", (what, err)
         assert_sane(strict_json(out))
+    elif code == 1:  # the device's records gone, the launches kept: the host side, said once on stderr
+        report = strict_json(out)
+        assert report["ranks"] == [], what
+        assert report["host_side"], what
+        assert [q["kind"] for q in report["quality"]] == ["device_records_lost"], what
+        assert err.startswith("gpuidle: warning: "), (what, err)
+        assert "device records were lost" in err, (what, err)
     else:
         assert code == 2, (what, code, err)
         lines = err.splitlines()

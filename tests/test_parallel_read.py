@@ -54,7 +54,7 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 def _columns(tl: Timeline) -> dict[str, Any]:
     out: dict[str, Any] = {"strings": tl.strings, "threads": tl.threads, "notes": tl.meta.notes,
                            "t0": tl.meta.t0_ns, "steps": (tl.steps.number.tolist(), tl.steps.start.tolist())}
-    for group in ("device_ops", "host", "collectives"):
+    for group in ("device_ops", "host", "collectives", "device_ranges"):
         cols = getattr(tl, group)
         for name in getattr(cols, "__slots__", ()) or vars(cols):
             value = getattr(cols, name)

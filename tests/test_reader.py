@@ -12,7 +12,7 @@ import pytest
 from conftest import DATA
 from gpuidle.errors import CorruptInput
 from gpuidle.model import CopyKind, DeviceOpKind, HostKind, Timeline
-from gpuidle.sources import jsonstream, kineto
+from gpuidle.sources import jsonstream, kineto, kineto_scan
 from minitrace import Trace
 
 
@@ -140,3 +140,29 @@ def test_corrupt_event_list(tmp_path: Path) -> None:
     path.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1,, "dur": 2}]}')
     with pytest.raises(CorruptInput):
         kineto.read(str(path))
+
+
+@pytest.mark.parametrize("name", ["nccl_parser_config__nccl_data.json.gz", "h200_dataloader__before.pt.trace.json.gz",
+                                  "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz"])
+def test_gpu_annotations_are_ranges_on_the_device_not_its_work(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpu_user_annotation`` events are kept as ranges on their device's timeline (device from the pid, stream
+    from the tid, as Kineto writes them), never as device work; the scanner and the typed decoder read them alike."""
+    path = DATA / name
+    with gzip.open(path) as f:
+        doc = json.load(f)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    marked = sorted((e["name"], e["pid"], e["tid"]) for e in events
+                    if e.get("cat") == "gpu_user_annotation" and e.get("ph") == "X")
+    work = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    tl = kineto.read(str(path))
+    ranges = tl.device_ranges
+    assert marked
+    assert sorted(zip([tl.strings[i] for i in ranges.name], ranges.device.tolist(), ranges.stream.tolist(),
+                      strict=True)) == marked
+    assert len(tl.device_ops) == work
+    assert (ranges.end >= ranges.start).all()
+    monkeypatch.setattr(kineto_scan, "_kscan", None)
+    decoded = kineto.read(str(path))
+    for field in ("start", "end", "device", "stream", "name"):
+        np.testing.assert_array_equal(getattr(decoded.device_ranges, field), getattr(ranges, field), err_msg=field)
+    np.testing.assert_array_equal(decoded.device_ops.start, tl.device_ops.start)

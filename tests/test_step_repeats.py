@@ -32,6 +32,49 @@ def test_a_recurring_annotation_with_the_work_under_it_is_the_step(tmp_path: Pat
     assert any(name in n for n in rank.notes)
 
 
+def engine(t: Trace, n: int, ahead: float, host: bool = True, device: bool = True, name: str = "iteration") -> None:
+    """``n`` iterations 1,000 µs apart: the host's range of 300 µs launches two kernels of 300 µs that run ``ahead``
+    µs after their launch (an engine scheduling ahead); the device's range over them, as Kineto writes its GPU
+    annotation track (pid the device, tid the stream, no args)."""
+    for i in range(n):
+        base = i * 1000
+        if host:
+            t.annotation(name, base, 300)
+        t.launch(at=base + 10, call_dur=5, start=base + ahead + 20, dur=300, name=SGEMM)
+        t.launch(at=base + 100, call_dur=5, start=base + ahead + 330, dur=300, name=SGEMM)
+        if device:
+            t.x("gpu_user_annotation", name, base + ahead + 20, 610, pid=0, tid=7)
+
+
+@pytest.mark.parametrize("host", [True, False])
+def test_a_recurring_range_on_the_device_s_track_is_the_device_s_step(tmp_path: Path, host: bool) -> None:
+    """The host schedules 2.5 iterations ahead: the steps are the device's ranges, on its clock (each from its
+    first kernel's start, the last to its own end), with the host's range or without it; the busy time is the
+    kernels', never the ranges'."""
+    t = Trace()
+    engine(t, 6, ahead=2500, host=host)
+    (rank,) = analyze([t.write(tmp_path / "engine.json.gz")]).ranks
+    assert (len(rank.steps), rank.step_source) == (6, "repeating_device_ranges")
+    first = 0 if host else 10  # times are from the trace's first event: the host's range, else the first launch
+    assert [round(s.start_s * 1e6) + first for s in rank.steps] == [2520 + 1000 * i for i in range(6)]
+    assert round(rank.window.dur_s * 1e6) == 5 * 1000 + 610
+    assert [round(s.busy_s * 1e6) for s in rank.steps] == [600] * 6  # two kernels of 300 µs, not the range's 610
+    assert rank.primary().busy_s == pytest.approx(6 * 600e-6)
+    assert any("'iteration' on the GPU's own timeline" in n for n in rank.notes)
+
+
+def test_a_device_range_over_little_work_leaves_the_step_to_the_host_s_range(tmp_path: Path) -> None:
+    """A range on the device's track over one short kernel a period (a logging region), the host's range over all
+    the work: the device's range is no step; the host's is."""
+    t = Trace()
+    loop(t, "step_body", 6)
+    for i in range(6):
+        t.launch(at=i * 1000 + 700, call_dur=5, start=i * 1000 + 800, dur=20, name="log_kernel")
+        t.x("gpu_user_annotation", "log metrics", i * 1000 + 800, 20, pid=0, tid=7)
+    (rank,) = analyze([t.write(tmp_path / "log.json.gz")]).ranks
+    assert (len(rank.steps), rank.step_source) == (6, "repeating_ranges")
+
+
 def test_a_python_function_that_repeats_is_not_a_step(tmp_path: Path) -> None:
     """A model's layers are calls of one function: one forward of six layers is one step."""
     t = Trace()
@@ -101,8 +144,9 @@ def test_launches_without_their_kernels_are_said_as_lost_records(tmp_path: Path)
 
 
 def test_launches_and_no_kernel_at_all_is_not_called_cpu_only(tmp_path: Path) -> None:
-    """CUDA was recorded (launches with their correlation ids) and no kernel record came: an error that says the
-    device's records are missing, never "CPU-only: profile with CUDA"."""
+    """CUDA was recorded (launches with their correlation ids) and no kernel record came: the host's side is
+    reported and the device's records said missing, never "CPU-only: profile with CUDA"; without a launch either,
+    an error."""
     from gpuidle.errors import GpuidleError
 
     t = Trace()
@@ -110,8 +154,12 @@ def test_launches_and_no_kernel_at_all_is_not_called_cpu_only(tmp_path: Path) ->
         t.op("aten::mm", i * 100, 20)
         t.runtime("cudaLaunchKernel", i * 100 + 5, 5)
         t.events[-1]["args"]["correlation"] = 100 + i
-    with pytest.raises(GpuidleError, match="5 kernel launches with their correlation ids and no kernel record"):
-        analyze([t.write(tmp_path / "no_kernels.json.gz")])
+    report = analyze([t.write(tmp_path / "no_kernels.json.gz")])
+    assert report.ranks == []
+    assert [h.lost_launches for h in report.host_side] == [5]
+    (q,) = report.quality
+    assert q.says.startswith("device records lost: 5 kernel launches with no kernel record")
+    assert report.host_side[0].top_calls[0].count == 5   # aten::mm, 20 µs each
     t = Trace()
     t.op("aten::mm", 0, 20)
     with pytest.raises(GpuidleError, match="CPU-only"):

@@ -16,14 +16,10 @@ import msgspec
 import numpy as np
 
 from gpuidle import notebook
+from gpuidle.analysis.attribution import attributed
 from gpuidle.analysis.binning import slice_shares
-from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.intervals import Intervals
-from gpuidle.analysis.links import launcher_rows
-from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.ranks import enough_steps, match_collectives, waiting_intervals
-from gpuidle.analysis.startup import find_startup
-from gpuidle.analysis.steps import step_window
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.errors import GpuidleError, InputNotFound
 from gpuidle.jobs.contract import Progress
@@ -317,21 +313,20 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
                   straggler: dict[int, Intervals] | None = None, rank: int | None = None) -> IdleTimeline:
     """Re-read one trace and return every device's idle intervals with their causes.
 
-    The window, steps and causes are those of :func:`analyze`; idle under one-time start-up (context creation,
-    module loading, allocator growth) is in no cause there, and is left out here. ``straggler`` (per device,
-    the intervals spent waiting for a slower rank, from the job's other ranks) turns that
-    waiting into ``straggler_wait`` as in the job report; without it, it stays
-    ``communication``. ``rank`` picks one rank of a file that holds several (an Nsight
-    export of a job); by default its first.
+    The windows, steps and causes are those of :func:`analyze` (one preparation,
+    :func:`~gpuidle.analysis.attribution.attributed`), each device over its own steps where the devices run theirs
+    apart (a multi-GPU XSpace profile's ``Steps`` line per GPU); idle under one-time start-up (context creation,
+    module loading, allocator growth) is in no cause there, and is left out here. ``straggler`` (per device, the
+    intervals spent waiting for a slower rank, from the job's other ranks) turns that waiting into
+    ``straggler_wait`` as in the job report; without it, it stays ``communication``. ``rank`` picks one rank of a
+    file that holds several (an Nsight export of a job); by default its first.
     """
     tl = _rank_timeline(str(path), rank)
-    names = NameClasses.of(tl.strings)
-    launchers = launcher_rows(tl)
-    window = step_window(tl, names, launchers)
-    bounds = window.bounds
-    startup = find_startup(tl, names, window, launchers).ranges()
+    rank_idle = attributed(tl, straggler)
     devices = []
-    for d in attribute_idle(tl, names, window, launchers, straggler, startup=startup):
+    for d in rank_idle.idle:
+        window = rank_idle.window_of(d.device)
+        bounds = window.bounds
         seg_s, seg_e, cause = d.segments
         per_step = cause < len(CAUSES)  # start-up is in no cause, as in the report: not drawn as one
         seg_s, seg_e, cause = seg_s[per_step], seg_e[per_step], cause[per_step]
@@ -341,10 +336,12 @@ def idle_timeline(path: str | Path, bins: int = TIMELINE_BINS,
             device=d.device, name=tl.meta.device_names.get(d.device), window=d.window,
             seg_start=seg_s, seg_end=seg_e, seg_cause=cause.astype(np.int64),
             seg_step=window.steps.number[step_index].astype(np.int64),
+            step_numbers=window.steps.number.astype(np.int64), step_bounds=bounds,
             bin_edges=edges, bin_busy=busy, bin_idle=idle,
         ))
+    window = rank_idle.window
     return IdleTimeline(path=str(path), rank=_rank_of(tl), t0_ns=tl.meta.t0_ns,
-                        step_numbers=window.steps.number.astype(np.int64), step_bounds=bounds, devices=devices)
+                        step_numbers=window.steps.number.astype(np.int64), step_bounds=window.bounds, devices=devices)
 
 
 def _rank_of(tl: Timeline) -> int:
@@ -371,6 +368,9 @@ def timeline_for(report: AnalysisReport, bins: int = TIMELINE_BINS,
     if report.source.format == tracker.FORMAT:
         raise GpuidleError("the step tracker records step times, not device intervals: no timeline to draw",
                            "profile a few steps with tracker.profile(steps=...) and use that trace")
+    if not report.ranks:
+        raise GpuidleError("the trace's device records were lost: no device timeline to draw",
+                           "profile again keeping the device records (a larger CUPTI buffer, a shorter window)")
     if len(report.ranks) == 1:
         return idle_timeline(report.ranks[0].path, bins, rank=report.ranks[0].rank)
     worst = min(report.ranks, key=lambda r: (r.primary().utilization, r.rank))
@@ -473,8 +473,15 @@ def record_analysis(
     ledger_path: str | Path | None = None,
     kind: str = "analyze",
 ) -> int:
-    """Record an analysis in the ledger (default: :func:`gpuidle.ledger.default_path`); return the run id."""
+    """Record an analysis in the ledger (default: :func:`gpuidle.ledger.default_path`); return the run id.
+
+    :raises GpuidleError: a report without device figures (every rank's device records lost): nothing to compare.
+    """
     from gpuidle import ledger
+
+    if not report.ranks:
+        raise GpuidleError("a report without device figures (its device records were lost) is not recorded: "
+                           "nothing in it to compare")
 
     facts = ledger.analysis_facts(report)
     facts.update(ledger.Facts(notes=notes, batch_size=batch_size))
@@ -499,6 +506,9 @@ def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[notebook.
                                    "run ids or labels, or reports written by gpuidle analyze --json") from None
             raise GpuidleError(f"{shown}: not a gpuidle JSON report ({err})",
                                "give a report written by gpuidle analyze --json, a run id or a label") from None
+        if not report.ranks:
+            raise GpuidleError(f"{shown}: a report without device figures (its device records were lost): nothing "
+                               "to compare", "compare reports of traces that kept their device records")
         return notebook.public(report), comparison.RunInfo(ref=shown)
     path = Path(ledger_path).expanduser() if ledger_path is not None else ledger.default_path()
     if not ledger.exists(path):

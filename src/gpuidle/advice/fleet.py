@@ -16,7 +16,12 @@ from gpuidle.model import CAUSES, AnalysisReport, FleetJob, FleetReport
 
 
 def fleet_job(name: str, path: str, report: AnalysisReport, hours: float = 1.0) -> FleetJob:
-    """One job's row: GPU-hours idle per cause per ``hours`` of training, and its top fix."""
+    """One job's row: GPU-hours idle per cause per ``hours`` of training, and its top fix; a job whose every rank
+    lost its device records has none (its host side is in its report)."""
+    lost = [f"rank {h.rank} ({h.path}): device records lost ({h.lost_launches} kernel launches with no kernel "
+            "record), host side only" for h in report.host_side]
+    if not report.ranks:
+        return FleetJob(name=name, path=path, error=f"no device figures: {lost[0]}")
     devices = [r.primary() for r in report.ranks]
     gpus, utilization = figures.gpus(report), figures.utilization(report)
     if utilization is None:
@@ -31,7 +36,7 @@ def fleet_job(name: str, path: str, report: AnalysisReport, hours: float = 1.0) 
         name=name, path=path, gpus=gpus, utilization=utilization,
         idle_gpu_hours_by_cause=by_cause, idle_gpu_hours=sum(by_cause.values()),
         top_fix=report.recommendations[0].title if report.recommendations else None,
-        skipped=list(report.source.skipped),
+        skipped=[*report.source.skipped, *lost],
     )
 
 

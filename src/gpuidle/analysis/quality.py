@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuidle.analysis.names import NameClasses
+from gpuidle.analysis.step_repeats import REPEATING_DEVICE_RANGES
 from gpuidle.analysis.steps import StepWindow
 from gpuidle.model import DeviceOpKind, HostKind, KernelFacts, Timeline
 
@@ -23,6 +24,9 @@ def quality_notes(tl: Timeline, names: NameClasses, window: StepWindow, kernels:
         notes.append(window.set_aside)
     if window.kind == "gpu_activity" and not window.note and not window.set_aside:
         notes.append("no profiler steps and none could be inferred: the window is first to last GPU activity")
+    elif window.repeating is not None and window.steps.source == REPEATING_DEVICE_RANGES:
+        notes.append(f"no step markers: {len(window.steps)} steps from the range {window.repeating!r} on the GPU's "
+                     "own timeline, which repeats over the device's work")
     elif window.repeating is not None:
         notes.append(f"no step markers: {len(window.steps)} steps from the range {window.repeating!r}, which repeats "
                      "with the device's work launched under it")

@@ -13,6 +13,12 @@ Of several such ranges the one that covers the most work is the step; within :da
 own end: an engine that schedules ahead launches the next iteration before the device has run the last one, and the
 window's device side (:func:`~gpuidle.analysis.steps.device_side`) moves each step to where its work begins.
 
+A range on a device's own timeline (Kineto's GPU annotation track: a ``record_function`` range as the device ran
+it) is looked at first, by the same tests against that device's work: its instances start where the device begins
+each iteration's work and end with it, on the device's clock, so they are the device's steps as they are
+(:data:`REPEATING_DEVICE_RANGES`); the host's ranges, whose work runs later where the host schedules ahead, are the
+fallback.
+
 Python functions are not looked at: a model's layers are calls of one function, alike and covering the forward's
 work, and one forward of twelve layers is one step, not twelve.
 
@@ -32,6 +38,7 @@ from gpuidle.model import I64, HostKind, Steps, Timeline
 from gpuidle.model.arrays import distinct, median_of
 
 REPEATING_RANGES = "repeating_ranges"
+REPEATING_DEVICE_RANGES = "repeating_device_ranges"
 DEVICE_PERIOD = "device_period"
 MIN_REPEATS = 3
 ALIKE = 0.25
@@ -87,6 +94,52 @@ def repeating_ranges(tl: Timeline, names: NameClasses, launchers: I64 | None = N
     ends = np.append(starts[1:], host.end[top][-1])
     name = tl.strings[int(host.name[top[0]])]
     return Steps(np.arange(top.size, dtype=np.int64), starts, ends, REPEATING_RANGES), name
+
+
+def repeating_device_ranges(tl: Timeline, names: NameClasses) -> tuple[Steps, str | None]:
+    """The steps a recurring range on a device's own timeline marks (see the module) and the range's name; or no
+    steps and None. Its instances cover the work that starts inside them on their device."""
+    empty = np.zeros(0, dtype=np.int64)
+    none = Steps(empty, empty.copy(), empty.copy(), REPEATING_DEVICE_RANGES), None
+    marks, ops = tl.device_ranges, tl.device_ops
+    if len(marks) == 0 or len(ops) == 0 or not tl.strings:
+        return none
+    rows = np.flatnonzero(~names.data_loading[marks.name] & ~names.profiler_step[marks.name])
+    if rows.size == 0:
+        return none
+    device = marks.device[rows].astype(np.int64) - int(marks.device[rows].min())
+    key = marks.name[rows].astype(np.int64) * (int(device.max()) + 1) + device
+    order = np.argsort(key, kind="stable")
+    rows, key = rows[order], key[order]
+    cuts = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+    best: tuple[float, float, I64] | None = None
+    for g in np.flatnonzero(np.diff(cuts) >= MIN_REPEATS).tolist():
+        group = rows[cuts[g]:cuts[g + 1]]
+        mine = np.flatnonzero(ops.device == marks.device[group[0]])
+        if mine.size == 0:
+            continue
+        span = int(ops.end[mine].max()) - int(ops.start[mine].min())
+        if int((marks.end[group] - marks.start[group]).sum()) < MIN_TIME_SHARE * span:
+            continue
+        top = _outermost(marks.start[group], marks.end[group], group)
+        if top.size < MIN_REPEATS or not _alike(marks.end[top] - marks.start[top]):
+            continue
+        mine = mine[np.argsort(ops.start[mine], kind="stable")]
+        work = ops.end[mine] - ops.start[mine]
+        busy = float(work.sum())
+        covered = _covered(marks.start[top], marks.end[top], ops.start[mine], work) / busy if busy > 0 else 0.0
+        if covered < COVERS:
+            continue
+        length = float(np.median(marks.end[top] - marks.start[top]))
+        if best is None or covered > best[0] + COVERS_TIE or (covered >= best[0] - COVERS_TIE and length > best[1]):
+            best = (covered, length, top)
+    if best is None:
+        return none
+    top = best[2]
+    starts = marks.start[top].copy()
+    ends = np.append(starts[1:], marks.end[top][-1])
+    name = tl.strings[int(marks.name[top[0]])]
+    return Steps(np.arange(top.size, dtype=np.int64), starts, ends, REPEATING_DEVICE_RANGES), name
 
 
 def _outermost(starts: I64, ends: I64, rows: I64) -> I64:

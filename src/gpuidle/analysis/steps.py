@@ -17,7 +17,13 @@ import numpy.typing as npt
 from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.links import launch_times, launcher_rows
 from gpuidle.analysis.names import NameClasses
-from gpuidle.analysis.step_repeats import DEVICE_PERIOD, device_period, repeating_ranges
+from gpuidle.analysis.step_repeats import (
+    DEVICE_PERIOD,
+    REPEATING_DEVICE_RANGES,
+    device_period,
+    repeating_device_ranges,
+    repeating_ranges,
+)
 from gpuidle.model import I64, HostKind, StepReport, Steps, Timeline, ranges
 from gpuidle.model.arrays import median_of
 
@@ -78,7 +84,8 @@ def _outermost(starts: I64, ends: I64, rows: I64) -> I64:
 
 
 def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) -> StepWindow:
-    """The steps and the window they span, to the end of the last device work launched inside them;
+    """The steps and the window they span, to the end of the last device work launched inside them (begun inside
+    them, for steps on the device's own timeline);
     ``launchers``: :func:`~gpuidle.analysis.links.launcher_rows` of ``tl``, where the caller has them."""
     ops = tl.device_ops
     launched = launch_times(tl, launcher_rows(tl) if launchers is None else launchers)
@@ -86,6 +93,8 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
     calls = (np.append(launched, tl.host.start[runtime]), np.append(ops.end, tl.host.end[runtime]))
     steps, aside = on_device_work(find_steps(tl, names), ops.start, ops.end, calls)
     repeating = None
+    if len(steps) == 0:
+        steps, repeating = repeating_device_ranges(tl, names)
     if len(steps) == 0:
         steps, repeating = repeating_ranges(tl, names, launchers)
     if len(steps) == 0:
@@ -96,11 +105,13 @@ def step_window(tl: Timeline, names: NameClasses, launchers: I64 | None = None) 
         one = Steps(np.zeros(1, dtype=np.int64), np.array([start]), np.array([end]), source)
         return StepWindow(one, start, end, "gpu_activity", set_aside=aside)
     start, host_end = int(steps.start[0]), int(steps.end[-1])
-    inside = (launched >= start) & (launched < host_end)
+    on_device = steps.source == REPEATING_DEVICE_RANGES  # on the device's clock: its work starts inside them
+    entered = ops.start if on_device else launched
+    inside = (entered >= start) & (entered < host_end)
     gpu_end = int(ops.end[inside].max()) if inside.any() else host_end
     kind = ("inferred_steps" if steps.source.startswith("inferred:") or repeating or steps.source == DEVICE_PERIOD
             else "profiler_steps")
-    moved, note = device_side(steps, ops.start, launched)
+    moved, note = (steps, None) if on_device else device_side(steps, ops.start, launched)
     end, tail = _without_tail(tl, int(steps.start[-1]), moved, host_end, gpu_end if inside.any() else start)
     moved, cut = clipped(moved, end)
     return StepWindow(moved, int(moved.start[0]), end, kind, "; ".join(n for n in (note, tail) if n) or None,

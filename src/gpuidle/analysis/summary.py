@@ -11,17 +11,17 @@ import msgspec
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
+from gpuidle.analysis.attribution import attributed
 from gpuidle.analysis.comm import Collectives, collective_under, comm_report, exposed_by_collective, find_collectives
-from gpuidle.analysis.idle import CAUSE_INDEX, STARTUP_LABEL, DeviceIdle, attribute_idle
+from gpuidle.analysis.idle import CAUSE_INDEX, STARTUP_LABEL, DeviceIdle
 from gpuidle.analysis.kernels import kernel_facts
-from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.mesh import DimSegments, mesh_dims
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.quality import quality_notes
 from gpuidle.analysis.sharded import classify, role_split
-from gpuidle.analysis.startup import Startup, find_startup
+from gpuidle.analysis.startup import Startup
 from gpuidle.analysis.step_calls import main_calls
-from gpuidle.analysis.steps import NO_GPU_WORK, device_windows, steady_state, step_window, truncated_edges
+from gpuidle.analysis.steps import NO_GPU_WORK, steady_state, truncated_edges
 from gpuidle.analysis.trace_quality import rank_quality
 from gpuidle.analysis.workload import workload
 from gpuidle.model import (
@@ -106,12 +106,7 @@ def _step_reports(number: I64, bounds: I64, span: I64, primary: DeviceIdle,
 
 
 def summarize_rank(tl: Timeline) -> RankAnalysis:
-    names = NameClasses.of(tl.strings)
-    launchers = launcher_rows(tl)
-    window = step_window(tl, names, launchers)
-    startup = find_startup(tl, names, window, launchers)
-    idle = attribute_idle(tl, names, window, launchers, startup=startup.ranges(),
-                          windows=device_windows(tl, names, launchers))
+    names, launchers, window, _, startup, idle = attributed(tl)
     kernels = kernel_facts(tl, names, window, launchers)
     coll = find_collectives(tl, window, launchers)
     primary = max(idle, key=lambda d: (d.busy_ns, -d.device))

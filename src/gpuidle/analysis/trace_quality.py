@@ -9,12 +9,14 @@ under it. A recording change saves no time; the fixes hold changes to the progra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from gpuidle.analysis import intervals as iv
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import StepWindow, counted
-from gpuidle.model import QUALITY_KINDS, Cause, DeviceOpKind, HostKind, RankReport, Timeline, TraceQuality
+from gpuidle.model import QUALITY_KINDS, Cause, DeviceOpKind, HostKind, HostSide, RankReport, Timeline, TraceQuality
 from gpuidle.model.arrays import distinct
 
 SEVERAL_STEPS = {
@@ -103,6 +105,17 @@ def rank_quality(tl: Timeline, names: NameClasses, window: StepWindow, report: R
     return out
 
 
+def records_lost(tl: Timeline) -> TraceQuality:
+    """The statement of a trace that lost every device record (``tl.meta.device_records_lost`` launches): what is
+    missing, and that no device figure can be given, only the host's side."""
+    return TraceQuality(
+        kind="device_records_lost",
+        says=(f"device records lost: {tl.meta.device_records_lost} kernel launches with no kernel record, and no "
+              "device activity in the trace: no utilization, no idle by cause and no fix that needs the device's "
+              "timing can be given; what the host did is reported instead"),
+        recording=DEVICE_RECORDS.get(tl.meta.format, DEVICE_RECORDS["kineto"]))
+
+
 def _source(report: RankReport) -> str:
     if report.step_source == "none":
         return "no step markers and nothing that repeats: the window is first to last GPU activity"
@@ -174,8 +187,9 @@ def _host_unrecorded(report: RankReport, fmt: str, under: str | None) -> TraceQu
                              "code outside them)")
 
 
-def job_quality(reports: list[RankReport]) -> list[TraceQuality]:
-    """The ranks' statements, one per kind: the lowest rank's words, with every rank it holds for."""
+def job_quality(reports: Sequence[RankReport | HostSide]) -> list[TraceQuality]:
+    """The ranks' statements (those analysed, and those reported from their host side), one per kind: the lowest
+    rank's words, with every rank it holds for."""
     out: dict[str, TraceQuality] = {}
     for r in sorted(reports, key=lambda r: r.rank):
         for q in r.quality:

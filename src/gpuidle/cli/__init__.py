@@ -1,10 +1,10 @@
 """The command line: parse, call :mod:`gpuidle.api`, render, map errors to exit codes.
 
 Each subcommand lives in its own module with a ``register(subparsers)`` function; this
-module only assembles them. Exit codes: 0 done; 1 done, but the report leaves out a rank, file or
-job that could not be analysed (each named, with why); 2 bad input or usage (one line on
-stderr, ``gpuidle: error: ...``); 130 interrupted. A subcommand may return another code
-(``gpuidle run`` returns its child's).
+module only assembles them. Exit codes: 0 done; 1 done, but the report is incomplete: it leaves out a
+rank, file or job that could not be analysed (each named, with why), or gives a rank whose device records were
+lost from its host side alone; 2 bad input or usage (one line on stderr, ``gpuidle: error: ...``); 130
+interrupted. A subcommand may return another code (``gpuidle run`` returns its child's).
 """
 
 from __future__ import annotations

@@ -40,7 +40,11 @@ def register(sub: argparse._SubParsersAction[Parser]) -> None:
                         description="Analyse one input or a job's per-rank inputs: PyTorch profiler traces "
                                     "(.json/.json.gz), JAX/TensorFlow XSpace profiles (.xplane.pb), Nsight Systems "
                                     "SQLite exports (.sqlite) or step-tracker folders (gpuidle.torch.StepTracker). "
-                                    "nvidia-smi/DCGM utilization logs: gpuidle summarize LOG.")
+                                    "nvidia-smi/DCGM utilization logs: gpuidle summarize LOG.",
+                        epilog="Exit codes: 0 the report is complete; 1 a report was written, but it leaves out a "
+                               "rank, file or job that could not be analysed, or gives a rank whose device records "
+                               "were lost from its host side alone (each named on stderr); 2 bad input or usage, one "
+                               "line on stderr.")
     an.add_argument("paths", nargs="+", metavar="PATH",
                     help="a file, or a folder with one file per rank; local, or a URL (s3://bucket/job/, "
                          "gs://, https://, any fsspec protocol installed)")
@@ -112,7 +116,8 @@ def _progress(paths: Sequence[str], enabled: bool) -> Iterator[api.Progress | No
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit code 0, or 1 when the report leaves out a rank, a file or a job that could not be analysed."""
+    """Exit code 0, or 1 when the report is incomplete: it leaves out a rank, a file or a job that could not be
+    analysed, or reports a rank whose device records were lost from its host side alone."""
     from gpuidle import api
 
     fmt = format_for(REPORT_FORMATS, refuse_conflicting_formats(args), args.out)
@@ -177,9 +182,15 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
 
     outputs = {"--out": args.out, "--html": args.html, "--annotate": args.annotate}
     refuse_overwriting_inputs(api.analysis_inputs(report), outputs)  # the traces found in a folder
-    if args.price_per_gpu_hour is not None:
+    given = [o for o, v in (("--price-per-gpu-hour", args.price_per_gpu_hour), ("--scale-to", args.scale_to))
+             if v is not None]
+    if given and not report.ranks:  # the host's side alone: the report is still worth printing
+        warn(f"{' and '.join(given)} left out: {'they need' if len(given) > 1 else 'it needs'} the device's figures, "
+             "and the trace's device records were lost")
+    elif args.price_per_gpu_hour is not None:
         report = api.with_cost(report, args.price_per_gpu_hour, args.hours)
-    report = with_scale_out(args, report)
+    if report.ranks:
+        report = with_scale_out(args, report)
     options = render_options(args, args.out is None and sys.stdout.isatty(), top=args.top)
     pages = [args.html] if args.html else []
     if fmt == "html":
@@ -191,8 +202,8 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
     if args.explain:
         _explain(report)
     if pages or args.annotate:
-        timeline = api.timeline_for(report, analyses=analyses)
-        if timeline.note:
+        timeline = api.timeline_for(report, analyses=analyses) if report.ranks else None
+        if timeline is not None and timeline.note:
             from gpuidle.report.text import printable
 
             print(printable(f"gpuidle: timeline of {timeline.path}: {timeline.note}"), file=sys.stderr)
@@ -202,7 +213,9 @@ def _report_job(args: argparse.Namespace, report: AnalysisReport, fmt: str,
             page = html.render_report(report, timeline, RenderOptions(top=args.top))
             for out in pages:
                 emit(page, out)
-        if args.annotate:
+        if args.annotate and timeline is None:
+            warn(f"{args.annotate} not written: the trace holds no device activity to mark idle time on")
+        elif args.annotate and timeline is not None:
             api.annotate_trace(timeline.path, args.annotate, timeline)
     record_analysis(args, report, args.label)
-    return 1 if report.source.skipped else 0
+    return 1 if report.source.skipped or report.host_side else 0

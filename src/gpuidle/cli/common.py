@@ -231,8 +231,13 @@ def record_run(
 
 
 def record_analysis(args: argparse.Namespace, report: AnalysisReport, label: str | None) -> int | None:
-    """Keep the run in the ledger; a ledger problem is a warning, never a failed analysis."""
+    """Keep the run in the ledger; a ledger problem is a warning, never a failed analysis. A report without device
+    figures (every rank's device records lost) is not kept: there is nothing in it to compare."""
     if ledger_path(args) is None:
+        return None
+    if not report.ranks:
+        warn(f"not recorded in the ledger{f' ({label})' if label else ''}: no device figures to compare later "
+             "(the device records were lost)")
         return None
     import msgspec
 

@@ -11,7 +11,7 @@ from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.analysis.trace_quality import job_quality
 from gpuidle.errors import GpuidleError
 from gpuidle.jobs.rank import RankOutcome
-from gpuidle.model import HOST_RANK_NOTE, XSPACE_FORMAT, AnalysisReport, Source
+from gpuidle.model import HOST_RANK_NOTE, XSPACE_FORMAT, AnalysisReport, HostSide, Source
 from gpuidle.sources import kineto
 
 
@@ -19,33 +19,44 @@ def merge_job(
     paths: Sequence[str | Path], outcomes: Sequence[RankOutcome], warn: Callable[[str], None] | None = None,
     include_warmup: bool = False,
 ) -> AnalysisReport:
-    """The job's report from its ranks' outcomes; a file that failed is named in ``source.skipped``.
+    """The job's report from its ranks' outcomes; a file that failed is named in ``source.skipped``, a rank whose
+    trace lost every device record is reported from its host side (``host_side``) and left out of every figure.
 
     :raises GpuidleError: no rank could be read (alone, the file's own error).
     """
     good = [o for o in outcomes if o.analysis is not None]
+    lost = [o for o in outcomes if o.host_side is not None]
     skipped = [_named(o.path, o.error) for o in outcomes if o.error is not None]
-    if not good:
+    if not good and not lost:
         if len(outcomes) == 1 and outcomes[0].error is not None:
             raise GpuidleError(outcomes[0].error or "unreadable trace")
         raise GpuidleError(f"none of the {len(outcomes)} files is a readable GPU trace; first: {skipped[0]}")
-    for line in skipped:
+    host_side = sorted((o.host_side for o in lost if o.host_side is not None), key=lambda h: h.rank)
+    for line in [f"skipped {x}" for x in skipped] + [_host_side_line(h, bool(good)) for h in host_side]:
         if warn:
-            warn(f"skipped {line}")
+            warn(line)
     _hosts_as_given([o for o in good if o.format == XSPACE_FORMAT])
     analyses = sorted((o.analysis for o in good if o.analysis is not None), key=lambda a: a.report.rank)
     analyses, duplicates = _dedupe_ranks(analyses, warn)
     job = job_report(analyses, duplicates, include_warmup) if len(analyses) > 1 else None
     reports = [a.report for a in analyses]
-    framework = _one({o.framework for o in good})
+    read = good + lost
     advice = advise(reports, job, framework_of({o.framework for o in good}), include_warmup,
-                    {a.report.rank: a.accumulation_repeats for a in analyses})
+                    {a.report.rank: a.accumulation_repeats for a in analyses}) if reports else None
     return AnalysisReport(
-        source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in good}) or kineto.FORMAT,
-                      skipped=skipped, framework=framework),
-        ranks=reports, job=job, recommendations=advice.recommendations, combined=advice.combined,
-        declined=advice.declined, include_warmup=include_warmup, quality=job_quality(reports),
+        source=Source(paths=[str(p) for p in paths], format=_one({o.format for o in read}) or kineto.FORMAT,
+                      skipped=skipped, framework=_one({o.framework for o in read})),
+        ranks=reports, job=job, recommendations=advice.recommendations if advice else [],
+        combined=advice.combined if advice else None, declined=advice.declined if advice else [],
+        include_warmup=include_warmup, quality=job_quality([*reports, *host_side]), host_side=host_side,
     )
+
+
+def _host_side_line(h: HostSide, others: bool) -> str:
+    """The line that says a rank is reported from its host side alone, and why; ``others``: ranks were analysed
+    beside it, whose figures it is not in."""
+    return (f"rank {h.rank} ({h.path}): its device records were lost ({h.lost_launches} kernel launches with no "
+            "kernel record): reported from its host side alone" + (", in no figure of the job" if others else ""))
 
 
 def _hosts_as_given(outcomes: Sequence[RankOutcome]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .advice import CalcLine, Combined, CostResult, Declined, Gain, Recommendation
 from .compare import COMPARE_SCHEMA, Comparison, CostDelta, RecommendationChange, RunSummary
 from .fleet import FLEET_SCHEMA, FleetJob, FleetReport
+from .host_side import HOST_ACTIVITIES, HostCall, HostSide, HostStep
 from .jsonio import JsonStruct
 from .mesh import DIMENSION_WORDS, DIMENSIONS, SHAPE, MeshDim
 from .metrics import (
@@ -115,6 +116,7 @@ from .timeline import (
     CopyKind,
     DeviceOpKind,
     DeviceOps,
+    DeviceRanges,
     HostEvents,
     HostKind,
     Steps,
@@ -136,6 +138,7 @@ __all__ = [
     "GPU_GAUGES",
     "GPU_LABELS",
     "GPU_METRICS",
+    "HOST_ACTIVITIES",
     "HOST_CPU",
     "HOST_GAUGES",
     "HOST_LABELS",
@@ -182,6 +185,7 @@ __all__ = [
     "Declined",
     "DeviceOpKind",
     "DeviceOps",
+    "DeviceRanges",
     "DeviceReport",
     "DeviceSeries",
     "DeviceTimeline",
@@ -191,10 +195,13 @@ __all__ = [
     "Gain",
     "GpuInfo",
     "GpuSample",
+    "HostCall",
     "HostEvents",
     "HostKind",
     "HostSample",
     "HostSeries",
+    "HostSide",
+    "HostStep",
     "HostUtil",
     "IdlePeriod",
     "IdleTimeline",

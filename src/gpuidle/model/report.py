@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .advice import Combined, CostResult, Declined, Recommendation
+from .host_side import HostSide
 from .jsonio import JsonStruct
 from .mesh import MeshDim
 from .quality import TraceQuality
@@ -383,6 +384,9 @@ class AnalysisReport(JsonStruct, kw_only=True):
     """True: steps marked ``excluded`` still count in per-step figures and gains (``--include-warmup``)."""
     scale_out: ScaleOut | None = None
     """The job at more GPUs (``--scale-to N``); absent otherwise."""
+    host_side: list[HostSide] = msgspec.field(default_factory=list)
+    """Ranks whose traces lost every device record, reported from their host side alone: in no figure of
+    :attr:`ranks` nor of the job, and a report that has them is incomplete (``gpuidle analyze`` exits 1)."""
 
     def utilization(self) -> float:
         """The run's utilization, one definition for every command: the mean over the traced ranks of each rank's
@@ -417,6 +421,10 @@ class DeviceTimeline(msgspec.Struct, frozen=True):
     """Index into :data:`CAUSES`."""
     seg_step: I64
     """The step number each segment lies in (segments never cross a step boundary)."""
+    step_numbers: I64
+    step_bounds: I64
+    """This device's own steps, as :attr:`IdleTimeline.step_bounds`: where the devices run their steps apart
+    (``Timeline.device_steps``), each device's, so its figures are those of the report's device."""
     bin_edges: I64
     """Equal slices of the window, ``n + 1`` edges, for a utilization-over-time plot."""
     bin_busy: npt.NDArray[np.float64]
@@ -437,7 +445,8 @@ class IdleTimeline(msgspec.Struct, frozen=True):
     """Trace clock of time zero, in ns: add it back to write the trace's own timestamps."""
     step_numbers: I64
     step_bounds: I64
-    """Step ``i`` is ``[step_bounds[i], step_bounds[i + 1])``; the last bound is the window end."""
+    """The rank's steps (the busiest device's, where the devices run theirs apart): step ``i`` is
+    ``[step_bounds[i], step_bounds[i + 1])``; the last bound is the window end."""
     devices: list[DeviceTimeline]
     note: str | None = None
     """Why this trace was chosen, when it stands for a job."""

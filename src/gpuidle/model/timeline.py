@@ -22,7 +22,7 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 13
+SCHEMA_MINOR = 14
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
 ``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
 3: ``source.framework``; 4: ``ranks[].backend``; 5: gains' ``step_s_saved_low``/``_high``, ``basis``,
@@ -36,7 +36,8 @@ earlier minor is read so; 9: ``ranks[].sync_sources``, step sources ``device_ste
 ``named_ranges``; 10: ``steps[].main_calls``, ``communication.mesh``, ``steps[].comm_by_dim_s``; 11: ``scale_out``,
 the job at more GPUs; 12: ``declined``, ``steps[].zero_grad_s``, ``ranks[].workload.libraries``; 13: ``quality``
 and ``ranks[].quality``, what the trace cannot tell, no longer among the fixes; step sources ``repeating_ranges``
-and ``device_period``)."""
+and ``device_period``; 14: step source ``repeating_device_ranges``, a range on the GPU's own timeline;
+``host_side``, the ranks whose device records were lost, reported from their host side alone)."""
 WINDOW_LESS_STARTUP = 8
 """The minor from which ``devices[].window_s`` leaves start-up out."""
 
@@ -130,6 +131,28 @@ class DeviceOps(msgspec.Struct, frozen=True):
         return int(self.start.shape[0])
 
 
+class DeviceRanges(msgspec.Struct, frozen=True):
+    """Ranges the program marked on a device's own timeline: a ``record_function`` range as the device ran it,
+    from its first work to its last (Kineto's ``gpu_user_annotation``). On the device's clock; not work, never
+    busy time."""
+
+    start: I64
+    end: I64
+    device: I32
+    stream: I32
+    name: I32
+    """Index into :attr:`Timeline.strings`."""
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+    @classmethod
+    def none(cls) -> DeviceRanges:
+        empty = np.zeros(0, dtype=np.int64)
+        small = np.zeros(0, dtype=np.int32)
+        return cls(empty, empty.copy(), small, small.copy(), small.copy())
+
+
 class HostEvents(msgspec.Struct, frozen=True):
     """Ranges recorded on host threads: operators, runtime calls, annotations."""
 
@@ -199,6 +222,9 @@ class TraceMeta(msgspec.Struct):
     """Per device, the GPU family its kernel names were built for (``volta``, ``sm90``, ``gfx942``...)."""
     header_flags: dict[str, Any] = msgspec.field(default_factory=dict)
     """Recording options the trace header states (Kineto ``with_stack``, ``record_shapes``)."""
+    device_records_lost: int = 0
+    """Kernel launches with a correlation id where the trace holds no device record at all: the device's activity
+    was recorded and lost (a full buffer, a dropped activity kind); the timeline has the host side alone."""
 
 
 @dataclass(slots=True)
@@ -221,6 +247,8 @@ class Timeline:
     """Each device's own steps, where the devices run their steps apart (an XSpace profile's ``Steps`` line per
     GPU, two GPUs' bursts hundreds of ms apart): each device's figures are over its own steps; :attr:`steps` is the
     busiest device's. Empty where one set of steps holds for every device."""
+    device_ranges: DeviceRanges = field(default_factory=DeviceRanges.none)
+    """Ranges marked on the devices' own timelines (Kineto's GPU annotation track), where the trace holds them."""
     devices: list[int] = field(init=False)
     """Device indices with any activity, ascending."""
 

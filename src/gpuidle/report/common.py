@@ -65,6 +65,7 @@ STEP_SOURCE_WORDS = {
     "device_steps": "steps from the profile's Steps line",
     "engine_iterations": "steps from the engine's iterations",
     "named_ranges": "steps from ranges named like steps",
+    "repeating_device_ranges": "steps from a range on the GPU's own timeline that repeats over the device's work",
     "repeating_ranges": "steps from a range that repeats with the device's work under it",
     "device_period": "steps from the device's own work, which repeats: no step markers in this profile",
     "tracker": "steps from the tracker",
@@ -101,7 +102,7 @@ QUALITY_HEAD = "What this trace can tell"
 
 def quality_lines(report: AnalysisReport) -> list[tuple[str, str | None]]:
     """Each statement of what the trace cannot tell, with the recording change that would show it (or None)."""
-    several = len(report.ranks) > 1
+    several = len(report.ranks) + len(report.host_side) > 1
     out = []
     for q in report.quality:
         who = f" (rank{'s' if len(q.ranks) > 1 else ''} {ranges(q.ranks)})" if several and q.ranks else ""

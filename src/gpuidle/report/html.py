@@ -32,8 +32,10 @@ from gpuidle.model import (
     RankReport,
     Recommendation,
     RunSummary,
+    ranges,
 )
 from gpuidle.probes.common import human_bytes
+from gpuidle.report import host_side
 from gpuidle.report.common import (
     CAUSE_MEANING,
     DEFAULT_OPTIONS,
@@ -210,13 +212,50 @@ def _decision(report: AnalysisReport) -> str:
             + (cards + plan or "<p>Nothing to fix: no idle cause above its threshold.</p>") + "</section>")
 
 
+def _rows(header: list[str], rows: list[list[str]]) -> str:
+    """A table of text cells, every column but the first one of numbers."""
+    num = ' class="num"'
+    head = "".join(f"<th{num if i else ''}>{esc(c)}</th>" for i, c in enumerate(header))
+    body = "".join("<tr>" + "".join(f"<td{num if i else ''}>{esc(c)}</td>" for i, c in enumerate(r)) + "</tr>"
+                   for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _host_side_page(report: AnalysisReport) -> str:
+    """The page of a report whose every rank lost its device records: the first rank's host side (what its
+    launching threads were inside, its steps and operators), what the trace cannot tell, and no fix."""
+    lost = report.host_side
+    h = lost[0]
+    others = (f'<p class="note">ranks {esc(ranges([x.rank for x in lost[1:]]))}: host side only as well (the JSON '
+              "report holds each)</p>" if len(lost) > 1 else "")
+    quality = "".join(f"<li>{esc(says)}" + (f' <span class="muted">{esc(rec)}</span>' if rec else "") + "</li>"
+                      for says, rec in quality_lines(report))
+    body = [f"<header><h1>gpuidle · {esc(source_label(report.source))}</h1>"
+            f'<div class="muted">{esc(", ".join(report.source.paths))}</div></header>',
+            f'<section id="headline"><h2>{esc(host_side.head(h))}</h2>'
+            f'<p class="lead">{esc(host_side.NO_DEVICE)}.</p>'
+            f'<p class="note">window: {esc(host_side.window_words(h, ", "))}</p>{others}</section>',
+            f'<section id="quality"><h2>{QUALITY_HEAD}</h2><ul>{quality}</ul></section>',
+            f'<section id="recommendations"><h2>What to change first</h2><p>{esc(host_side.NO_FIXES)}</p></section>',
+            f'<section id="host"><h2>The host</h2><p class="note">{esc(host_side.ACTIVITY_HEAD)}</p>'
+            + _rows(["", "time", "of window"], [list(r) for r in host_side.activity_rows(h)])
+            + (_rows(host_side.step_header(h), host_side.step_rows(h)) if h.steps else "")
+            + (_rows(["operator", "calls", "time", "of window"], [list(r) for r in host_side.call_rows(h)])
+               if h.top_calls else "")
+            + "".join(f'<p class="note">note: {esc(x)}</p>' for x in h.notes) + "</section>"]
+    return page("gpuidle report", body)
+
+
 def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
                   options: RenderOptions = DEFAULT_OPTIONS) -> str:
     """The full page for one analysis; ``timeline`` adds the utilization-over-time charts.
 
     The decision comes first (headline, ranked fixes, all fixes together), the evidence after it
-    (utilization and causes, charts over time and per step, the job, the device's work).
+    (utilization and causes, charts over time and per step, the job, the device's work). A report whose every rank
+    lost its device records shows the host's side instead.
     """
+    if not report.ranks:
+        return _host_side_page(report)
     n = len(report.ranks)
     shown = _shown_rank(report)
     body = [f"<header><h1>gpuidle · {n} rank{'s' if n != 1 else ''} · {esc(source_label(report.source))}</h1>"
@@ -229,7 +268,9 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
                 + "".join(cause_bar(d) for d in shown.devices) + legend()
                 + _cause_table(shown.primary(), len(shown.devices) > 1)
                 + _startup(shown)
-                + "".join(f'<p class="note">note: {esc(x)}</p>' for x in shown.notes) + "</section>")
+                + "".join(f'<p class="note">note: {esc(x)}</p>' for x in shown.notes)
+                + (f'<p class="note">{esc(lost)}</p>' if (lost := host_side.lost_ranks_line(report.host_side)) else "")
+                + "</section>")
     if timeline is not None:
         note = f'<p class="note">{esc(timeline.note)}</p>' if timeline.note else ""
         body.append(f'<section id="timeline"><h2>Over time: rank {timeline.rank}</h2>{note}'
@@ -239,7 +280,7 @@ def render_report(report: AnalysisReport, timeline: IdleTimeline | None = None,
                     "by cause; busy is blank). "
                     "Dashed lines are step starts.</p>"
                     + "".join(f"<h3>GPU {d.device}{' · ' + esc(d.name) if d.name else ''}</h3>"
-                              + timeline_chart(timeline, d) for d in timeline.devices)
+                              + timeline_chart(d) for d in timeline.devices)
                     + legend() + "</section>")
     if shown.steps:
         body.append(f'<section id="steps"><h2>Per step: rank {shown.rank}, GPU {shown.primary().device}</h2>'

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpuidle.model import CAUSES, AnalysisReport, RankReport
+from gpuidle.model import CAUSES, AnalysisReport, HostSide, RankReport, ranges
+from gpuidle.report import host_side
 from gpuidle.report.common import (
     CAUSE_MEANING,
     DEFAULT_OPTIONS,
@@ -41,15 +42,36 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _host_side(lost: list[HostSide]) -> list[str]:
+    """The first rank reported from its host side alone (the others named): its window, what its launching threads
+    were inside, its steps and operators."""
+    h = lost[0]
+    out = [f"### {host_side.head(h)}", "", f"Window: {host_side.window_words(h, ', ')}; {host_side.NO_DEVICE}.", "",
+           f"{host_side.ACTIVITY_HEAD[0].upper()}{host_side.ACTIVITY_HEAD[1:]}:", ""]
+    out += [*_table(["", "time", "of window"], [list(r) for r in host_side.activity_rows(h)]), ""]
+    if h.steps:
+        out += [*_table(host_side.step_header(h), host_side.step_rows(h)), ""]
+    if h.top_calls:
+        out += [*_table(["operator", "calls", "time", "of window"], [list(r) for r in host_side.call_rows(h)]), ""]
+    out += [f"> {n}" for n in h.notes] + ([""] if h.notes else [])
+    if len(lost) > 1:
+        out += [f"Ranks {ranges([x.rank for x in lost[1:]])}: host side only as well (the JSON report holds each).",
+                ""]
+    return out
+
+
 class MarkdownRenderer:
     name = "md"
     extensions: tuple[str, ...] = (".md",)
 
     def render(self, report: AnalysisReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
         report = printable_report(report)
-        lines = [f"## gpuidle: {len(report.ranks)} rank(s), {source_label(report.source)}", "",
-                 f"Run: {run_words(report, ', ')}.", ""]
-        shown = [report.ranks[0]] if report.job is None else [min(report.ranks, key=lambda r: r.primary().utilization)]
+        if not report.ranks:  # every rank's device records lost: the host's side alone
+            lines = [f"## gpuidle: {source_label(report.source)}", "", *_host_side(report.host_side)]
+        else:
+            lines = [f"## gpuidle: {len(report.ranks)} rank(s), {source_label(report.source)}", "",
+                     f"Run: {run_words(report, ', ')}.", ""]
+        shown = report.ranks[:1] if report.job is None else [min(report.ranks, key=lambda r: r.primary().utilization)]
         if report.job is not None:
             job = report.job
             skew = "n/a" if job.step_skew is None else f"{job.step_skew:.3f}"
@@ -69,6 +91,8 @@ class MarkdownRenderer:
             lines += self._rank(r)
             lines += [f"- {x}" for x in excluded_lines(r, report.include_warmup)]
             lines += [f"- {x.strip()}" for x in startup_lines(r)]
+        lost = host_side.lost_ranks_line(report.host_side) if report.ranks else None
+        lines += [f"> {lost}", ""] if lost is not None else []
         if report.cost is not None:
             lines += ["### Cost", ""]
             lines += _table(["", "value", "formula"],
@@ -99,7 +123,7 @@ class MarkdownRenderer:
                       f"/step (saves {combined_saved(both)}), utilization {pct(both.utilization_after)}; "
                       f"then {both.limit}.", ""]
         if not report.recommendations:
-            lines.append("Nothing to fix: no idle cause above its threshold.")
+            lines.append("Nothing to fix: no idle cause above its threshold." if report.ranks else host_side.NO_FIXES)
         return "\n".join(lines) + "\n"
 
     def _rank(self, r: RankReport) -> list[str]:

@@ -15,7 +15,6 @@ from gpuidle.model import (
     Comparison,
     DeviceReport,
     DeviceTimeline,
-    IdleTimeline,
     RankReport,
 )
 from gpuidle.report.common import CAUSE_MEANING, TARGET_UTILIZATION, ms, pct
@@ -147,8 +146,9 @@ def cause_bar(d: DeviceReport, width: int = WIDTH) -> str:
     return svg(30, out, f"device {d.device}: busy and idle by cause", "causebar", width)
 
 
-def timeline_chart(tl: IdleTimeline, dt: DeviceTimeline) -> str:
-    """Utilization over time (slices, busy at the bottom, idle causes stacked above) and the idle intervals."""
+def timeline_chart(dt: DeviceTimeline) -> str:
+    """Utilization over time (slices, busy at the bottom, idle causes stacked above) and the idle intervals, with
+    the device's own steps."""
     lo, hi = dt.window
     span = max(hi - lo, 1)
     top, col_h, gap, lane_h = 16.0, 80.0, 8.0, 18.0
@@ -185,14 +185,14 @@ def timeline_chart(tl: IdleTimeline, dt: DeviceTimeline) -> str:
     out.append(intervals(dt, x, lane_y, lane_h))
     out.append(f'<text x="{LEFT - 6}" y="{num(lane_y + 13)}" text-anchor="end">idle</text>')
     # steps and time axis
-    bounds = tl.step_bounds.tolist()
+    bounds = dt.step_bounds.tolist()
     label_every = max(1, math.ceil((len(bounds) - 1) / 40))
     for i, b in enumerate(bounds[:-1]):
         bx = x(b)
         out.append(f'<line x1="{num(bx)}" x2="{num(bx)}" y1="{top - 2}" y2="{num(lane_y + lane_h)}" '
                    f'stroke="#1f2933" stroke-dasharray="2,2" stroke-width="0.7"/>')
         if i % label_every == 0:
-            out.append(f'<text x="{num(bx + 2)}" y="{top - 4}">#{int(tl.step_numbers[i])}</text>')
+            out.append(f'<text x="{num(bx + 2)}" y="{top - 4}">#{int(dt.step_numbers[i])}</text>')
     for t in nice_ticks(0.0, span / 1e9):
         tx = x(lo + t * 1e9)
         anchor = "end" if tx > LEFT + PLOT - 25 else "middle"

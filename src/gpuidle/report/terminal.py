@@ -17,12 +17,14 @@ from gpuidle.model import (
     Combined,
     CostResult,
     DeviceReport,
+    HostSide,
     JobReport,
     RankReport,
     Recommendation,
     ScaleOut,
     ranges,
 )
+from gpuidle.report import host_side
 from gpuidle.report.code import code_block
 from gpuidle.report.common import (
     CAUSE_MEANING,
@@ -214,6 +216,42 @@ def _scale_out(so: ScaleOut) -> RenderableType:
                  *[Text(line, style="bright_black") for line in rest])
 
 
+def _host_side(console: Console, lost: list[HostSide]) -> None:
+    """The first rank reported from its host side alone: its window, what its launching threads were inside, its
+    steps and operators; the others named."""
+    h = lost[0]
+    console.print(Text(host_side.head(h), style="bold yellow"))
+    console.print(Text(f"window: {host_side.window_words(h)}", style="bright_black"))
+    console.print(Text(host_side.NO_DEVICE, style="yellow"))
+    console.print(Text(host_side.ACTIVITY_HEAD))
+    t = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("", "time", "of window"):
+        t.add_column(col, justify="left" if not col else "right")
+    for row in host_side.activity_rows(h):
+        t.add_row(*row)
+    console.print(t)
+    if h.steps:
+        st = Table(box=None, header_style="bold", pad_edge=False)
+        for i, col in enumerate(host_side.step_header(h)):
+            st.add_column(col, justify="left" if i == 0 else "right")
+        for cells in host_side.step_rows(h):
+            st.add_row(*cells)
+        console.print(st)
+    if h.top_calls:
+        ct = Table(box=None, header_style="bold", pad_edge=False, title="host operators with the most time",
+                   title_justify="left")
+        for col in ("operator", "calls", "time", "of window"):
+            ct.add_column(col, justify="left" if col == "operator" else "right")
+        for call in host_side.call_rows(h):
+            ct.add_row(*call)
+        console.print(ct)
+    for note in h.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    if len(lost) > 1:
+        console.print(Text(f"ranks {ranges([x.rank for x in lost[1:]])}: host side only as well (the JSON report "
+                           "holds each)", style="bright_black"))
+
+
 _TRAILING_SPACES = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$", re.M)
 
 
@@ -232,15 +270,23 @@ class TerminalRenderer:
         console = Console(file=buf, force_terminal=options.color, no_color=not options.color,
                           width=options.width, highlight=False)
         n = len(report.ranks)
-        console.print(Text(f"gpuidle · {n} rank{'s' if n != 1 else ''} · {source_label(report.source)}", style="bold"))
-        console.print(Text(f"run: {run_words(report)}", style="bold"))
-        if report.job is None:
-            self._rank(console, report.ranks[0], report.include_warmup)
+        if not report.ranks:  # every rank's device records lost: the host's side alone
+            console.print(Text(f"gpuidle · {source_label(report.source)}", style="bold"))
+            _host_side(console, report.host_side)
         else:
+            console.print(Text(f"gpuidle · {n} rank{'s' if n != 1 else ''} · {source_label(report.source)}",
+                               style="bold"))
+            console.print(Text(f"run: {run_words(report)}", style="bold"))
+        if report.job is not None:
             console.print(_job(report.job))
             worst = min(report.ranks, key=lambda r: r.primary().utilization)
             console.print(Text(f"lowest utilization: rank {worst.rank}", style="bold"))
             self._rank(console, worst, report.include_warmup)
+        elif report.ranks:
+            self._rank(console, report.ranks[0], report.include_warmup)
+        lost = host_side.lost_ranks_line(report.host_side) if report.ranks else None
+        if lost is not None:
+            console.print(Text(lost, style="yellow"))
         if report.cost is not None:
             console.print(_cost(report.cost))
         if report.scale_out is not None:
@@ -253,8 +299,8 @@ class TerminalRenderer:
             if recording:
                 console.print(Text(f"    {recording}", style="bright_black"))
         recs = shown_recommendations(report.recommendations, options.top)
-        console.print(Text("Top fixes" if recs else "Nothing to fix: no idle cause above its threshold.",
-                           style="bold underline"))
+        console.print(Text("Top fixes" if recs else "Nothing to fix: no idle cause above its threshold."
+                           if report.ranks else host_side.NO_FIXES, style="bold underline"))
         i = 0
         for rec in recs:
             if rec.alternative_to is None:

@@ -3,8 +3,8 @@
 Both schemas are read: the old categories (``Kernel``, ``Runtime``, ``Operator``,
 ``Memcpy``, ``Memset``, GPU ``tid`` like ``"stream 7"``) and the new ones (``kernel``,
 ``cuda_runtime``, ``cuda_driver``, ``cpu_op``, ``user_annotation``, ``gpu_memcpy``,
-``gpu_memset``). ROCm traces use the same categories with HIP names. Unknown
-categories are ignored.
+``gpu_memset``, and ``gpu_user_annotation``: ranges on a device's own timeline, kept apart from its work).
+ROCm traces use the same categories with HIP names. Unknown categories are ignored.
 
 Only the fields used are decoded (typed msgspec structs), chunk by chunk, straight
 into numpy columns; no per-event object survives a chunk.
@@ -26,6 +26,7 @@ from gpuidle.model import (
     CopyKind,
     DeviceOpKind,
     DeviceOps,
+    DeviceRanges,
     HostEvents,
     Steps,
     Timeline,
@@ -37,7 +38,7 @@ from gpuidle.model.name_search import found_any
 from gpuidle.sources import step_markers
 from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
-from gpuidle.sources.kineto_columns import MAX_SPAN_US
+from gpuidle.sources.kineto_columns import DEVICE_RANGE, MAX_SPAN_US, Columns
 from gpuidle.sources.kineto_events import I32_MAX
 from gpuidle.sources.kineto_read import read_columns
 
@@ -87,48 +88,39 @@ def _to_ns(us: npt.NDArray[np.float64]) -> I64:
 
 
 def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timeline:
-    """Read one Kineto trace file.
+    """Read one Kineto trace file. A trace whose launches carry their correlation ids and whose device records are
+    all missing is read for its host side: no device op, and ``meta.device_records_lost`` the launches.
 
     :raises CorruptInput: truncated gzip, invalid JSON.
     :raises NotATrace: JSON that is not a Chrome trace, or a trace of a non-GPU accelerator.
-    :raises NoGpuActivity: a trace with no kernels, copies or sets.
+    :raises NoGpuActivity: a trace with no kernels, copies or sets, and no kernel launch either (CPU-only).
     """
     cols, header = read_columns(path, progress)
     skipped = [f"{n} events skipped: {reason} (first: {first})" for reason, (n, first) in cols.skipped.items()]
-    if not cols.dev["ts"]:
-        if cols.foreign:
-            raise NotATrace(
-                f"{path}: a trace of a non-GPU accelerator ({', '.join(sorted(cols.foreign))} events)",
-                "gpuidle analyses CUDA and ROCm GPU traces",
-            )
-        if skipped:
-            raise CorruptInput(f"{path}: no usable GPU events; {'; '.join(skipped)}",
-                               "the file is damaged or was not written by the profiler")
-        if cols.events == 0 and not header:
-            raise NotATrace(f"{path}: the trace holds no events", "was the profiler started?")
-        launches = _launches(cols.strings, cols.host)
-        if launches:
-            raise NoGpuActivity(
-                f"{path}: the device's records are missing: {launches} kernel launches with their correlation ids "
-                f"and no kernel record ({cols.hosts} host events): CUDA was recorded, its device activity lost or "
-                "dropped",
-                "keep the device records: a larger CUPTI buffer or a shorter profiled window",
-            )
-        raise NoGpuActivity(
-            f"{path}: no GPU activity in this trace (CPU-only: {cols.hosts} host events, 0 kernels)",
-            "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] on a GPU run",
-        )
-    d = {k: np.concatenate(v) for k, v in cols.dev.items()}
+    d = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.dev.items()}
+    work = d["kind"] != DEVICE_RANGE
+    lost = 0 if work.any() else _launches_alone(path, cols, header, skipped)
     h = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.host.items()}
     strings = cols.strings
-    t0_us = float(np.floor(min(d["ts"].min(), h["ts"].min() if h["ts"].size else np.inf)))
-    end_us = max(float((d["ts"] + d["dur"]).max()), float((h["ts"] + h["dur"]).max()) if h["ts"].size else 0.0)
+    t0_us = float(np.floor(min(d["ts"].min() if d["ts"].size else np.inf, h["ts"].min() if h["ts"].size else np.inf)))
+    end_us = max(float((d["ts"] + d["dur"]).max()) if d["ts"].size else 0.0,
+                 float((h["ts"] + h["dur"]).max()) if h["ts"].size else 0.0)
     if end_us - t0_us > MAX_SPAN_US:
         raise CorruptInput(f"{path}: the events span {(end_us - t0_us) / 86400e6:.0f} days "
                            f"(from ts {t0_us:.0f} to {end_us:.0f} µs)",
                            "timestamps from different clocks, or a damaged file; a profile covers seconds")
     dstart = _to_ns(d["ts"] - t0_us)
+    dend = dstart + np.maximum(_to_ns(d["dur"]), 0)
     hstart = _to_ns(h["ts"] - t0_us)
+    device_ranges = DeviceRanges.none()
+    if not work.all():  # ranges on the devices' timelines: kept apart from the work
+        marked = ~work
+        device_ranges = DeviceRanges(start=dstart[marked], end=dend[marked],
+                                     device=d["device"][marked].astype(np.int32),
+                                     stream=d["stream"][marked].astype(np.int32),
+                                     name=d["name"][marked].astype(np.int32))
+        d = {k: v[work] for k, v in d.items()}
+        dstart, dend = dstart[work], dend[work]
     names = d["name"].astype(np.int32)
     # per distinct name of a kernel or a copy, not per event nor per name of the trace: collectives, copy kinds
     kind = d["kind"].astype(np.int8)
@@ -140,7 +132,7 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
         copy_of_name[n] = copy_kind(strings[n])
     kind[(kind == DeviceOpKind.KERNEL) & collective_name[names]] = DeviceOpKind.COLLECTIVE
     device_ops = DeviceOps(
-        start=dstart, end=dstart + np.maximum(_to_ns(d["dur"]), 0),
+        start=dstart, end=dend,
         device=d["device"].astype(np.int32),
         stream=d["stream"].astype(np.int32),
         kind=kind,
@@ -168,9 +160,37 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
     _match_only_device(meta, distinct(device_ops.device))
     meta.kernel_arch = kernel_arch_by_device(strings, device_ops)
     meta.notes.extend(skipped)
+    meta.device_records_lost = lost
     return Timeline(
         strings=strings, threads=cols.threads, device_ops=device_ops, host=host,
-        collectives=collectives, steps=_steps(strings, host, meta.notes), meta=meta,
+        collectives=collectives, steps=_steps(strings, host, meta.notes), meta=meta, device_ranges=device_ranges,
+    )
+
+
+def _launches_alone(path: str, cols: Columns, header: dict[str, Any], skipped: list[str]) -> int:
+    """The kernel launches of a trace without device work, where it has some (its device records were lost: its
+    host side is read); else why it is no trace to analyse.
+
+    :raises NotATrace: a trace of another accelerator, or of no event at all.
+    :raises CorruptInput: every device event skipped as unreadable.
+    :raises NoGpuActivity: no kernel launch either: a CPU-only trace.
+    """
+    if cols.foreign:
+        raise NotATrace(
+            f"{path}: a trace of a non-GPU accelerator ({', '.join(sorted(cols.foreign))} events)",
+            "gpuidle analyses CUDA and ROCm GPU traces",
+        )
+    if skipped:
+        raise CorruptInput(f"{path}: no usable GPU events; {'; '.join(skipped)}",
+                           "the file is damaged or was not written by the profiler")
+    if cols.events == 0 and not header:
+        raise NotATrace(f"{path}: the trace holds no events", "was the profiler started?")
+    launches = _launches(cols.strings, cols.host)
+    if launches:
+        return launches
+    raise NoGpuActivity(
+        f"{path}: no GPU activity in this trace (CPU-only: {cols.hosts} host events, 0 kernels)",
+        "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] on a GPU run",
     )
 
 

@@ -67,6 +67,10 @@ _DEVICE_CATS = {
     "gpu_memset": DeviceOpKind.MEMSET,
     "Memset": DeviceOpKind.MEMSET,
 }
+DEVICE_RANGE = 9
+"""The code of a range on a device's own timeline (``gpu_user_annotation``: a ``record_function`` range as the
+device ran it): read as a device row (its device and stream where a kernel's are), kept apart from the work."""
+_DEVICE_RANGE_CATS = {"gpu_user_annotation": DEVICE_RANGE}
 _HOST_CATS = {
     "cpu_op": HostKind.OP,
     "Operator": HostKind.OP,
@@ -94,8 +98,9 @@ def dtype_bytes(dtype: str) -> int:
 
 
 _CAT, _PH, _NAME = attrgetter("cat"), attrgetter("ph"), attrgetter("name")
-_CODE = {**{c: int(k) for c, k in _DEVICE_CATS.items()}, **{c: 10 + int(k) for c, k in _HOST_CATS.items() if k >= 0}}
-"""Category -> 0..3 device kind, or 10 + host kind; anything else is skipped."""
+_CODE = {**{c: int(k) for c, k in _DEVICE_CATS.items()}, **_DEVICE_RANGE_CATS,
+         **{c: 10 + int(k) for c, k in _HOST_CATS.items() if k >= 0}}
+"""Category -> 0..3 device kind, :data:`DEVICE_RANGE`, or 10 + host kind; anything else is skipped."""
 
 
 class Columns:
