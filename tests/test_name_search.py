@@ -6,9 +6,11 @@ import random
 import re
 
 import numpy as np
+import pytest
 
 from gpuidle.analysis import names as name_classes
 from gpuidle.analysis import startup
+from gpuidle.model import name_search
 from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
 from gpuidle.model.name_search import JoinedNames, anchored, found_any, found_in
 from gpuidle.sources.kernel_arch import FAMILIES
@@ -35,6 +37,12 @@ PIECES = ["ncclDevKernel_AllReduce", "nccl", "kernel", "ProfilerStep#", "12", "s
           "sm70_", "sm75_", "sm86_", "ck_", "cijk_", "turing_", "maxwell_", "sm100_"]
 """Pieces of names: the patterns' literals, and characters ``re`` takes for an ASCII letter whatever the case
 (``İ``, ``ı``, ``ſ``, the Kelvin sign) in them."""
+
+
+@pytest.fixture(autouse=True)
+def always_joined(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every list joined, however short (traces' lists of a few hundred names are searched one by one)."""
+    monkeypatch.setattr(name_search, "JOIN_FROM", 0)
 
 
 def names(rng: random.Random, newlines: bool) -> list[str]:

@@ -17,6 +17,7 @@ from gpuidle.analysis.names import (
     REDUCED_PRECISION,
     NameClasses,
 )
+from gpuidle.model import name_search
 
 
 def test_folded_patterns_are_lowercase() -> None:
@@ -56,8 +57,11 @@ def test_case_sensitive_facts_stay_case_sensitive() -> None:
 @pytest.mark.parametrize("trace", ["negative_queue_length_values_check__rank0.json.gz",
                                    "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
                                    "h200_dataloader__before.pt.trace.json.gz"])
-def test_folded_patterns_match_as_ignorecase_on_real_names(data: Path, trace: str) -> None:
+@pytest.mark.parametrize("join_from", [0, 1 << 30], ids=["joined", "one-by-one"])
+def test_folded_patterns_match_as_ignorecase_on_real_names(data: Path, trace: str, join_from: int,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference: each pattern compiled with ``IGNORECASE`` and searched in the names as written."""
+    monkeypatch.setattr(name_search, "JOIN_FROM", join_from)
     from gpuidle.sources import kineto
 
     strings = kineto.read(str(data / trace)).strings
