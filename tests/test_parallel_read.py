@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import multiprocessing
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,37 @@ def test_who_reads_on_every_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
     assert kineto_read.read_workers(str(big)) == 1  # a worker itself (a job's rank, a Dask task): never
     assert kineto_read.read_workers(str(small)) == 1
+
+
+def test_the_thread_inflating_ahead_stops_with_the_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read whole, refused half-way or left after one chunk, the file's inflating thread is gone after the read."""
+    import threading
+
+    text = gzip.decompress((DATA / "nccl_parser_config__nccl_data.json.gz").read_bytes())
+    cut = tmp_path / "cut.json.gz"
+    whole = gzip.compress(text)
+    cut.write_bytes(whole[: len(whole) // 2])
+    small_chunks(monkeypatch)
+    monkeypatch.setenv(kineto_read.WORKERS_ENV, "2")
+    kineto.read(str(DATA / "nccl_parser_config__nccl_data.json.gz"))
+    with pytest.raises(CorruptInput, match="truncated"):
+        kineto.read(str(cut))
+    stream = iter(jsonstream.TraceStream(str(DATA / "nccl_parser_config__nccl_data.json.gz"), bytes,
+                                         chunk=64 << 10, inflate_ahead=True))
+    assert isinstance(stream, Generator)
+    assert next(stream).startswith(b"[")
+    stream.close()
+    assert not [t for t in threading.enumerate() if t.name == "gpuidle-inflate"]
+
+
+def test_blocks_inflated_ahead_come_in_order_and_their_error_in_its_place() -> None:
+    def blocks() -> Generator[bytes, None, None]:
+        for i in range(50):
+            yield bytes([i]) * 10
+        raise CorruptInput("damaged at block 50")
+
+    got: list[bytes] = []
+    ahead = jsonstream._ahead(blocks())
+    with pytest.raises(CorruptInput, match="block 50"):
+        got.extend(ahead)
+    assert got == [bytes([i]) * 10 for i in range(50)]

@@ -22,8 +22,11 @@ before or after it; both parts are returned as one header dict.
 
 from __future__ import annotations
 
+import queue
 import re
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing
 from typing import Any, BinaryIO, Generic, TypeVar
 
 import msgspec
@@ -61,6 +64,49 @@ that a decoder which checks nothing (a read on every core hands the chunks on un
 def _wrap(buf: bytearray, end: int) -> bytes:
     """``[`` + ``buf[:end]`` + ``]`` with a single copy."""
     return b"".join((b"[", memoryview(buf)[:end], b"]"))
+
+
+AHEAD_BLOCKS = 8
+"""Blocks (of up to :data:`READ_BLOCK`) :func:`_ahead` inflates before they are asked for."""
+
+
+def _ahead(blocks: Generator[bytes, None, None]) -> Generator[bytes, None, None]:
+    """``blocks``, made on a thread of their own up to :data:`AHEAD_BLOCKS` ahead: inflating (which holds no GIL)
+    runs beside the cutting. An error of the reading or inflating comes out where its block would have; closing
+    this generator stops the thread and waits for it."""
+    made: queue.Queue[bytes | BaseException | None] = queue.Queue(AHEAD_BLOCKS)
+    stop = threading.Event()
+
+    def put(item: bytes | BaseException | None) -> bool:
+        while not stop.is_set():
+            try:
+                made.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def make() -> None:
+        try:
+            for block in blocks:
+                if not put(block):
+                    return
+            put(None)
+        except BaseException as err:  # handed to the consumer, raised there
+            put(err)
+        finally:
+            blocks.close()
+
+    thread = threading.Thread(target=make, name="gpuidle-inflate", daemon=True)
+    thread.start()
+    try:
+        while (item := made.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _error_byte(err: msgspec.DecodeError) -> int | None:
@@ -121,6 +167,8 @@ class TraceStream(Generic[T]):
         value it cannot hold.
     :param progress: called with (compressed bytes read, file size) after each read.
     :param chunk: the bytes of events decoded at a time (default :data:`CHUNK`).
+    :param inflate_ahead: read and inflate the file on a thread of its own, a few blocks ahead of the cutting (for
+        a read on every core, where this thread's cutting is what the workers wait for).
     """
 
     def __init__(
@@ -129,12 +177,14 @@ class TraceStream(Generic[T]):
         decode: Callable[[bytes], T],
         progress: Callable[[int, int], None] | None = None,
         chunk: int | None = None,
+        inflate_ahead: bool = False,
     ) -> None:
         self.path = path
         self.header: dict[str, Any] = {}
         self._decode = decode
         self._progress = progress
         self._chunk = chunk
+        self._ahead = inflate_ahead
         self._size = 0 if is_url(path) else regular_size(path)  # a FIFO or a device: refused before any read
 
     # -- raw bytes ---------------------------------------------------------------
@@ -152,7 +202,7 @@ class TraceStream(Generic[T]):
                 self._progress(done, self._size)
             yield block
 
-    def _blocks(self, f: BinaryIO) -> Iterator[bytes]:
+    def _blocks(self, f: BinaryIO) -> Generator[bytes, None, None]:
         """The file's bytes, gunzipped when gzip (any number of members), at most READ_BLOCK at a time."""
         raw = self._raw(f)
         first = next(raw, b"")
@@ -190,36 +240,40 @@ class TraceStream(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         with open_input(self.path) as f:
             self._size = opened_size(f)
-            blocks = self._blocks(f)
-            buf = self._skip_header(blocks)
-            offset = 0  # bytes of the event list already decoded and dropped
-            chunk_size = self._chunk or CHUNK
-            target, misses = chunk_size, 0
-            cuts = _Cuts(target)
-            for block in blocks:
-                buf += block
-                while len(buf) > target:
-                    cut = cuts.next(buf)
-                    if cut is None:
-                        break
-                    chunk = self._decode_at(buf, cut, offset)
-                    if chunk is None:  # the cut was inside an event: try the next one, then twice as far
-                        misses += 1
-                        target = cut + 1 if misses == 1 else 2 * cut
-                        cuts.skip_to(target)
-                        continue
-                    yield chunk
-                    nxt = buf.find(b"{", cut)
-                    del buf[:nxt]
-                    offset += nxt
-                    target, misses = chunk_size, 0
-                    cuts.reset(target)
-                if len(buf) > chunk_size + MAX_EVENT:
-                    raise CorruptInput(
-                        f"{self.path}: no event ends within {MAX_EVENT >> 20} MiB (from byte {offset} of the "
-                        "event list)", "an event, a run of whitespace or an unclosed bracket that large "
-                        "is not a profiler trace")
-            yield from self._finish(buf, offset)
+            blocks = _ahead(self._blocks(f)) if self._ahead else self._blocks(f)
+            with closing(blocks):  # before the file closes: the thread reading it ahead has stopped
+                yield from self._events(blocks)
+
+    def _events(self, blocks: Iterator[bytes]) -> Iterator[T]:
+        buf = self._skip_header(blocks)
+        offset = 0  # bytes of the event list already decoded and dropped
+        chunk_size = self._chunk or CHUNK
+        target, misses = chunk_size, 0
+        cuts = _Cuts(target)
+        for block in blocks:
+            buf += block
+            while len(buf) > target:
+                cut = cuts.next(buf)
+                if cut is None:
+                    break
+                chunk = self._decode_at(buf, cut, offset)
+                if chunk is None:  # the cut was inside an event: try the next one, then twice as far
+                    misses += 1
+                    target = cut + 1 if misses == 1 else 2 * cut
+                    cuts.skip_to(target)
+                    continue
+                yield chunk
+                nxt = buf.find(b"{", cut)
+                del buf[:nxt]
+                offset += nxt
+                target, misses = chunk_size, 0
+                cuts.reset(target)
+            if len(buf) > chunk_size + MAX_EVENT:
+                raise CorruptInput(
+                    f"{self.path}: no event ends within {MAX_EVENT >> 20} MiB (from byte {offset} of the "
+                    "event list)", "an event, a run of whitespace or an unclosed bracket that large "
+                    "is not a profiler trace")
+        yield from self._finish(buf, offset)
 
     def _skip_header(self, blocks: Iterator[bytes]) -> bytearray:
         """Read up to the ``[`` opening the events array; return what follows it."""

@@ -115,9 +115,9 @@ def read_columns(path: str, progress: Callable[[int, int], None] | None = None) 
         return cols, stream.header
     chunk = THREAD_CHUNK if SCANNER_BUILT else None
     try:
-        return _read_on(workers, TraceStream(path, _unchecked, progress, chunk), path, trusted=True)
+        return _read_on(workers, TraceStream(path, _unchecked, progress, chunk, inflate_ahead=True), path, trusted=True)
     except _Recheck:
-        return _read_on(workers, TraceStream(path, _checked, progress, chunk), path, trusted=False)
+        return _read_on(workers, TraceStream(path, _checked, progress, chunk, inflate_ahead=True), path, trusted=False)
 
 
 def _read_on(workers: int, stream: TraceStream[bytes], path: str, trusted: bool) -> tuple[Columns, dict[str, Any]]:
