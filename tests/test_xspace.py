@@ -22,10 +22,11 @@ from gpuidle.analysis.idle import attribute_idle
 from gpuidle.analysis.links import launcher_rows
 from gpuidle.analysis.names import NameClasses
 from gpuidle.analysis.steps import step_window
-from gpuidle.api import analyze, find_trace_files, is_xspace, read_timelines
+from gpuidle.api import analyze, find_trace_files, read_timelines
 from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
 from gpuidle.model import CAUSES, CopyKind, DeviceOpKind, HostKind, Timeline
 from gpuidle.sources import xplanes, xspace
+from gpuidle.sources.formats import is_xspace
 from xspace_steps import add_stat
 
 pytest.importorskip("google.protobuf")

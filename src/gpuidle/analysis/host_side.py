@@ -20,6 +20,7 @@ from gpuidle.analysis.steps import find_steps
 from gpuidle.analysis.summary import host_events
 from gpuidle.analysis.trace_quality import records_lost
 from gpuidle.model import HOST_ACTIVITIES, I64, HostCall, HostKind, HostSide, HostStep, Timeline
+from gpuidle.model.arrays import distinct
 
 TOP_CALLS = 8
 
@@ -30,7 +31,7 @@ def host_side(tl: Timeline) -> HostSide:
     host = tl.host
     runtime = host.kind == HostKind.RUNTIME
     launch = runtime & names.launch_call[host.name]
-    threads = np.unique(host.thread[launch]) if launch.any() else np.unique(host.thread)
+    threads = distinct(host.thread[launch]) if launch.any() else distinct(host.thread)
     mine = np.isin(host.thread, threads)
     steps = find_steps(tl, names)
     if len(steps):
