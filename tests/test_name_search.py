@@ -79,8 +79,9 @@ def test_hand_made_patterns_split_and_word_led_search_as_written() -> None:
         (r"\bab?c|^x\w*y|\bq{2}|z", 0), (r"\bnvshmemi?_|^ncclKernel|ucc_", re.I), (r"\b(a|b)c|^(d)\1", 0),
         (r"\b_x+|\b\d|\bé", 0), (r"^a|^b", 0), (r"\bkernel", re.I), (r"(?:\bdeep_|\b)ep::\w*dispatch|^m", 0),
         (r"^(a|b)c|(x|y)+z|(?:q|\bd)d|(?:(a|b)|c)?y", 0), (r"(?i:a|b)c|(?=x)y|(?<!q)qq|(one|two)_x", 0),
-        (r"\b(?:one|two|o)::x|\b(a|b)+c", re.I))]
-    pieces = ["a", "b", "c", "x", "y", "q", "qq", "z", "_", " ", "nvshmem", "NVSHMEMI_", "ncclKernel", "Ucc_",
+        (r"\b(?:one|two|o)::x|\b(a|b)+c", re.I), (r"^((a|b)(c|d)q|y(one|two)|\dnc)$", 0), (r"\w_x|\dd|a\.b", 0),
+        (r"^ab?c|^a\ b|^\(x|^qq+z", re.I), (r"^(?:one|two)\.|^[ab]c|^m$", 0))]
+    pieces = ["a", "b", "c", "x", "y", "q", "qq", "z", "_", " ", ".", "(", "nvshmem", "NVSHMEMI_", "ncclKernel", "Ucc_",
               "d", "dd", "1", "é", "Kernel", "deep_ep::", "ep::", "dispatch", "m", "\n", "ı", "İ", "one", "two", "A",
               "B"]
     for _ in range(400):
@@ -98,3 +99,24 @@ def test_a_pattern_anchored_in_every_alternative_is_told_apart() -> None:
     assert not anchored(re.compile(r"^[]|]|b"))
     assert not anchored(re.compile(r"(^a)|^b"))
     assert not anchored(re.compile(r"^a\\|b"))
+
+
+@pytest.mark.parametrize(("alternative", "lead"), [
+    (r"^volta_", "volta_"), (r"\bkernel", "kernel"), (r"gemm(?<=\bgemm)", "gemm"), (r"ab?c", "a"), (r"ab+c", "ab"),
+    (r"a\.b\ c", "a.b c"), (r"x{2}y", ""), (r"\dcudnn", ""), (r"[ab]c", ""), (r"(?:a|b)", ""), (r"abc$", "abc"),
+    (r"a\nb", "a"), (r"ab*", "a"), ("", ""),
+])
+def test_the_lead_is_what_every_match_starts_with(alternative: str, lead: str) -> None:
+    assert name_search._lead(alternative) == lead
+
+
+def test_a_pattern_whose_leads_are_absent_is_not_searched() -> None:
+    """Where none of the leads is in the names the answer is no before ``re`` runs; a lead present is searched."""
+    pattern = re.compile(r"^volta_|sm70_(?<=\bsm70_)|Cijk_", re.I)
+    assert name_search._required(pattern) == ("volta_", "sm70_", "cijk_")
+    assert name_search._required(re.compile(r"volta_|[ab]x")) is None
+    absent, present = JoinedNames(["ampere_x", "sm80_y"]), JoinedNames(["ampere_x", "VOLTA_y", "a SM70_b", "xcijk_"])
+    assert absent._excluded(pattern)
+    assert not present._excluded(pattern)
+    assert not absent.found(pattern).any()
+    assert present.found(pattern).tolist() == [False, True, True, True]

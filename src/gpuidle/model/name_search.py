@@ -4,9 +4,10 @@ A trace of hundreds of thousands of distinct kernel names (every shape its own k
 search per name and per pattern; joined by newlines, the names are searched by ``re`` in C in one pass. This
 holds for patterns that cannot match a newline (no ``\\s`` or negated class; ``.`` never does: a match stays
 inside one name), whose ``^`` then anchors at each name's start (MULTILINE); names holding a newline themselves
-are searched one by one. A pattern anchored at the start in every alternative is searched name by name all the
-same: there ``re`` tries the first character of each name only, where in the joined text it would try every
-character.
+are searched one by one. A pattern anchored at the start in every alternative is searched with each ``^`` a
+newline, in the names joined behind one: ``re`` skips from newline to newline, where ``^`` would have it try every
+character. A pattern whose every alternative starts with a literal text is not searched at all where none of those
+texts is in the names (``str`` finds a text several times faster than ``re`` passes over it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ def _compiled(text: str, flags: int) -> re.Pattern[str]:
 
 def _per_line(pattern: re.Pattern[str]) -> re.Pattern[str]:
     return _compiled(pattern.pattern, pattern.flags | re.MULTILINE)
+
+
+@lru_cache(maxsize=256)
+def _newline_led(pattern: re.Pattern[str]) -> re.Pattern[str]:
+    """An anchored pattern with each alternative's ``^`` a newline: its matches in the names joined behind a
+    newline start at the newline before the name."""
+    rests = "|".join(alt[1:] for alt in _alternatives(pattern.pattern))
+    return _compiled(f"\\n(?:{rests})", pattern.flags | re.MULTILINE)  # one literal first: re skips to it
 
 
 def _joined(names: Sequence[str]) -> str | None:
@@ -84,8 +93,8 @@ def anchored(pattern: re.Pattern[str]) -> bool:
 @lru_cache(maxsize=256)
 def _parts(pattern: re.Pattern[str]) -> tuple[re.Pattern[str], ...]:
     """The same search as a few patterns, either found: a leading group's alternatives each an alternative of the
-    pattern, those anchored with ``^`` (searched name by name) apart from the others (searched in the joined
-    names), a ``\\bword`` or ``^word`` written
+    pattern (nested ones too), those anchored with ``^`` (searched newline-led) apart from the others, a ``\\bword``
+    or ``^word`` written
     ``word(?<=\\bword)`` (the same matches; ``^`` is each name's start in the joined names, searched line by line):
     ``re`` skips ahead to a possible first character only where every alternative starts with a literal. A pattern
     with back-references is left whole."""
@@ -93,7 +102,9 @@ def _parts(pattern: re.Pattern[str]) -> tuple[re.Pattern[str], ...]:
     if pattern.flags & re.VERBOSE or re.search(r"\\[1-9]|\(\?P=", text):
         return (pattern,)
     alts = _alternatives(text)
-    spread = [one for alt in alts for one in _distributed(alt)]
+    spread = alts
+    for _ in range(DISTRIBUTED_DEPTH):
+        spread = [one for alt in spread for one in _distributed(alt)]
     starts = {alt[1:2].lower() for alt in spread if alt.startswith("^")}
     led = [alt if alt.startswith("^") and len(starts) > MAX_LEADS else _word_first(alt) for alt in spread]
     at_start = [alt for alt in led if alt.startswith("^")]
@@ -104,21 +115,64 @@ def _parts(pattern: re.Pattern[str]) -> tuple[re.Pattern[str], ...]:
     return tuple(_compiled("|".join(g), pattern.flags) for g in groups)
 
 
+DISTRIBUTED_DEPTH = 3
+"""Leading groups inside leading groups distributed this deep (``^((cuda|hip)Free|...)``)."""
 MAX_LEADS = 4
-"""Anchored words with more first letters than this are searched name by name: in the joined names, ``re`` would
-stop at every one of those letters (the Python-frame prefixes: 0.12 s joined against 0.05 s name by name on 269k
-names, where one word's 0.005 s joined is 0.04 s name by name)."""
+"""Anchored words with more first letters than this are searched newline-led: led by their words, ``re`` would
+stop at every one of those letters (the Python-frame prefixes: 0.12 s word-led against 0.02 s newline-led on 269k
+names)."""
 
 
 def _word_first(alt: str) -> str:
-    """``\\bword...`` as ``word(?<=\\bword)...`` and ``^word...`` as ``word(?<=^word)...`` (a quantified last
-    letter left after it): the same matches, found where ``re`` skips ahead to the word; else as it is."""
-    run = re.match(r"(\^|\\b)(\w+)", alt)
+    """``\\bword...`` as ``word(?<=\\bword)...``, ``^word...`` as ``word(?<=^word)...`` and ``\\dword...`` as
+    ``word(?<=\\dword)...`` (so ``\\w``; a quantified last letter left after it): the same matches, found where
+    ``re`` skips ahead to the word; else as it is."""
+    run = re.match(r"(\^|\\[bdw])(\w+)", alt)
     if run is None:
         return alt
     word = run[2][:-1] if alt[run.end():run.end() + 1] in ("*", "+", "?", "{") else run[2]
     lead = run[1]
     return f"{word}(?<={lead}{word}){alt[len(lead) + len(word):]}" if word else alt
+
+
+_META = frozenset(".^$*+?{}[]()|")
+MAX_REQUIRED = 16
+"""Patterns of more alternatives than this are searched without looking for their leading texts first."""
+
+
+def _lead(alt: str) -> str:
+    """The literal text every match of the alternative starts with, after its ``^`` or ``\\b``; '' where it starts
+    with anything else (a class, a group, a quantified letter)."""
+    i = 2 if alt.startswith("\\b") else 1 if alt.startswith("^") else 0
+    out: list[str] = []
+    while i < len(alt):
+        c, width = alt[i], 1
+        if c == "\\":
+            c, width = alt[i + 1:i + 2], 2
+            if not c or c.isalnum():  # a class, an assertion, a reference or a control character
+                break
+        elif c in _META:
+            break
+        if alt[i + width:i + width + 1] in ("*", "?", "{"):  # the letter may be absent
+            break
+        out.append(c)
+        i += width
+    return "".join(out)
+
+
+@lru_cache(maxsize=256)
+def _required(pattern: re.Pattern[str]) -> tuple[str, ...] | None:
+    """Texts one of which every match holds (the alternatives' leads, lowercase for a case-insensitive pattern):
+    where none is in the names, ``str.find`` has said so at several times the speed of ``re``. None: no such
+    texts."""
+    if pattern.flags & re.VERBOSE:
+        return None
+    leads = [_lead(alt) for alt in _alternatives(pattern.pattern)]
+    if not all(leads) or len(leads) > MAX_REQUIRED:
+        return None
+    if pattern.flags & re.IGNORECASE:
+        return tuple(lead.lower() for lead in leads) if all(lead.isascii() for lead in leads) else None
+    return tuple(leads)
 
 
 _ASCII_FOLDS = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
@@ -170,31 +224,51 @@ class JoinedNames:
             out |= self._found(part)
         return out
 
+    @cached_property
+    def ascii(self) -> bool:
+        return (self.text or "").isascii()
+
     def any(self, pattern: re.Pattern[str]) -> bool:
         """Whether ``pattern`` is found in any of the names."""
-        if len(self.names) < JOIN_FROM:
+        if len(self.names) < JOIN_FROM or self.text is None:
             return any(pattern.search(n) for n in self.names)
         for part in _parts(pattern):
-            text = self.text if not anchored(part) else None
-            if any(part.search(n) for n in self.names) if text is None else _per_line(part).search(text):
+            search, text = self._search(part, lowercase=None)
+            if not self._excluded(part) and search.search(text):
                 return True
         return False
 
+    def _excluded(self, pattern: re.Pattern[str]) -> bool:
+        """Whether none of the texts every match of the pattern holds is in the names."""
+        required = _required(pattern)
+        if required is None:
+            return False
+        text = self.folded if pattern.flags & re.IGNORECASE else self.text or ""
+        return not any(r in text for r in required)
+
+    def _search(self, pattern: re.Pattern[str], lowercase: re.Pattern[str] | None) -> tuple[re.Pattern[str], str]:
+        """The pattern to search for and the joined text to search: lowercase in the folded names where given, an
+        anchored one newline-led in the names behind a newline."""
+        search, text = (lowercase, self.folded) if lowercase is not None else (_per_line(pattern), self.text or "")
+        return (_newline_led(search), f"\n{text}") if anchored(pattern) else (search, text)
+
     def _found(self, pattern: re.Pattern[str]) -> npt.NDArray[np.bool_]:
         names = self.names
-        text = self.text if not anchored(pattern) else None
-        if text is None:
+        if self.text is None:
             return np.fromiter((pattern.search(n) is not None for n in names), bool, len(names))
+        if self._excluded(pattern):
+            return np.zeros(len(names), bool)
         lowercase = _lowercase(pattern)
-        folded = self.folded if lowercase is not None else ""
-        search = _per_line(pattern) if lowercase is None or len(folded) != len(text) else lowercase
-        hits = np.fromiter((m.start() for m in search.finditer(text if search is not lowercase else folded)),
-                           np.int64)
+        if lowercase is not None and len(self.folded) != len(self.text):
+            lowercase = None
+        search, text = self._search(pattern, lowercase)
+        # a newline-led match starts at the newline before its name: at that name's start in the names unled
+        hits = np.fromiter((m.start() for m in search.finditer(text)), np.int64)
         out = np.zeros(len(names), bool)
         rows = np.searchsorted(self.line_starts, hits, side="right") - 1  # in order, as finditer gives the hits
         if rows.size:  # each name once (np.unique would load numpy.ma, a start-up cost of every analysis)
             rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
-        if search is lowercase:
+        if lowercase is not None and not (self.ascii and pattern.pattern.isascii()):
             rows = rows[np.fromiter((pattern.search(names[i]) is not None for i in rows.tolist()), bool, rows.size)]
         out[rows] = True
         return out
@@ -204,7 +278,7 @@ def found_in(names: Sequence[str], pattern: re.Pattern[str]) -> npt.NDArray[np.b
     """``[bool(pattern.search(n)) for n in names]``, for a pattern that cannot match a newline. A
     case-insensitive one is searched lowercase in the lowercased names, and then, as itself, in the names it is
     found in there (those are all the names it is found in: the lowercasing folds every character ``re`` takes
-    for an ASCII letter to that letter)."""
+    for an ASCII letter to that letter; where names and pattern are ASCII, lowercase finds exactly those names)."""
     return JoinedNames(names).found(pattern)
 
 
