@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from itertools import islice, repeat
+from itertools import filterfalse, islice, repeat
 from operator import attrgetter, ne
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy.typing as npt
 from gpuidle.errors import CorruptInput
 from gpuidle.model import I64, DeviceOpKind, HostKind
 from gpuidle.model.arrays import distinct
+from gpuidle.model.name_search import found_in
 from gpuidle.sources.kineto_events import (
     EMPTY_ARGS,
     I32_MAX,
@@ -98,9 +99,23 @@ def dtype_bytes(dtype: str) -> int:
 
 
 _CAT, _PH, _NAME = attrgetter("cat"), attrgetter("ph"), attrgetter("name")
+
+COLLECTIVE_CALL = re.compile(r"^record_param_comms$|^nccl:")
+"""Host ranges of collectives whose args carry the call's sizes and group (read as the events are)."""
 _CODE = {**{c: int(k) for c, k in _DEVICE_CATS.items()}, **_DEVICE_RANGE_CATS,
          **{c: 10 + int(k) for c, k in _HOST_CATS.items() if k >= 0}}
 """Category -> 0..3 device kind, :data:`DEVICE_RANGE`, or 10 + host kind; anything else is skipped."""
+
+
+
+def _by_string(strings: list[str], used: npt.NDArray[np.int32], value: Callable[[str], Any],
+               dtype: type) -> np.ndarray:
+    """``value`` of each string a column uses, by string id (the others zero): a chunk's strings are mostly names,
+    of which a category or phase column uses none."""
+    out: npt.NDArray[Any] = np.zeros(len(strings), dtype)
+    ids = np.flatnonzero(np.bincount(used, minlength=len(strings)))
+    out[ids] = [value(strings[i]) for i in ids.tolist()]
+    return out
 
 
 class Columns:
@@ -203,8 +218,8 @@ class Columns:
         the only ids out of the model's range here are devices and streams past int32."""
         self.events += len(s)
         strings = s.strings
-        code = np.array([_CODE.get(x, -1) for x in strings], np.int8)[s.cat]
-        code[np.array([x != "X" for x in strings], bool)[s.ph]] = -1  # only complete events
+        code = _by_string(strings, s.cat, lambda x: _CODE.get(x, -1), np.int8)[s.cat]
+        code[_by_string(strings, s.ph, lambda x: x != "X", bool)[s.ph]] = -1  # only complete events
         if not self.dev["ts"]:  # no GPU activity yet: remember categories of other accelerators
             self.foreign.update(c for c in map(strings.__getitem__, distinct(s.cat).tolist())
                                 if _FOREIGN_ACCELERATOR.match(c))
@@ -257,8 +272,8 @@ class Columns:
         """Rows (of ``names``) that are collectives; ``known``: the names known before this chunk."""
         sid = self.string_ids
         last = len(sid) - 1  # the names new in this chunk are the dict's last, read from its end
-        self._collective_ids.update(last - i for i, n in enumerate(islice(reversed(sid), len(sid) - known))
-                                    if n == "record_param_comms" or n.startswith("nccl:"))
+        new = list(islice(reversed(sid), len(sid) - known))
+        self._collective_ids.update((last - np.flatnonzero(found_in(new, COLLECTIVE_CALL))).tolist())
         if not self._collective_ids:
             return []
         return np.flatnonzero(np.isin(names, list(self._collective_ids))).tolist()
@@ -306,10 +321,13 @@ class Columns:
     def _scanned_name_ids(self, strings: list[str], local: npt.NDArray[np.int32]) -> I64:
         """As :meth:`_name_ids`, from ids into the chunk's own ``strings``: each distinct name looked up once."""
         distinct, first = np.unique(local, return_index=True)
-        ids = np.zeros(len(strings), np.int64)
+        order = distinct[np.argsort(first)]
+        names = list(map(strings.__getitem__, order.tolist()))
         sid = self.string_ids
-        for i in distinct[np.argsort(first)].tolist():
-            ids[i] = sid.setdefault(strings[i], len(sid))
+        fresh = list(filterfalse(sid.__contains__, names))  # distinct, in the order they first appear
+        sid.update(zip(fresh, range(len(sid), len(sid) + len(fresh)), strict=True))
+        ids = np.zeros(len(strings), np.int64)
+        ids[order] = np.fromiter(map(sid.__getitem__, names), np.int64, len(names))
         return ids[local]
 
     def _thread_ids(self, pid: list[int | str], tid: list[int | str]) -> I64:
