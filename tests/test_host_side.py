@@ -171,6 +171,7 @@ def test_the_command_prints_the_host_side_and_exits_1(tmp_path: Path, capsys: py
     md = renderer_class("md")().render(analyze([trace]))
     assert "host side only: 104 kernel launches" in md
     assert "No fixes" in md
+    assert "Top fixes" not in md  # no heading over no fix: the sentence says there is none
     assert load_report(JsonRenderer().render(analyze([trace]))).host_side == [h]
 
 

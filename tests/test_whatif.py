@@ -303,7 +303,8 @@ def test_every_format_says_what_the_trace_lacks_above_the_fixes(tmp_path: Path) 
 
     report = analyze([no_cpu_events(tmp_path)])
     md = MarkdownRenderer().render(report)
-    assert md.index("### What this trace can tell") < md.index("### Top fixes")
+    assert md.index("### What this trace can tell") < md.index("Nothing to fix")
+    assert "### Top fixes" not in md
     page = HtmlRenderer().render(report)
     assert page.index('<section id="quality">') < page.index('<section id="recommendations">')
     assert '"kind":"host_unrecorded"' in JsonRenderer().render(report).replace(" ", "")

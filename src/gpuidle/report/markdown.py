@@ -105,7 +105,7 @@ class MarkdownRenderer:
         if quality:
             lines += [f"### {QUALITY_HEAD}", ""]
             lines += [f"- {says}" + (f" ({recording})" if recording else "") for says, recording in quality] + [""]
-        lines += ["### Top fixes", ""]
+        lines += ["### Top fixes", ""] if report.recommendations else []
         i = 0
         listed = shown_recommendations(report.recommendations, options.top)
         for rec in listed:
