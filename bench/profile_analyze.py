@@ -82,10 +82,10 @@ def _stages(path: str) -> dict[str, Callable[[], Any]]:
 class _Split:
     """Times spent inside chosen functions during one full analysis (wrappers, not a profiler).
 
-    Wraps, where they exist: the reader's gunzip generator (``TraceStream._blocks``), its
-    chunk reader (``kineto_read.scan_or_decode``), the column builder (``Columns.add``),
-    ``kineto.read`` and ``summarize_rank`` (as the api calls them), and the JSON renderer.
-    Private names may change; a missing one is left out of the split.
+    Wraps: the reader's gunzip generator (``TraceStream._blocks``), its chunk reader
+    (``kineto_read.scan_or_decode``), the column builder (``Columns.add``), ``kineto.read`` and
+    ``summarize_rank`` (as each rank's analysis calls it), and the JSON renderer. A name that has
+    moved stops the split with an error, where a stage wrapped in vain would read as taking no time.
     """
 
     def __init__(self) -> None:
@@ -97,9 +97,7 @@ class _Split:
         self.t[key] = self.t.get(key, 0.0) + dt
 
     def _wrap(self, owner: Any, name: str, key: str) -> None:
-        fn = getattr(owner, name, None)
-        if fn is None:
-            return
+        fn = getattr(owner, name)  # a name moved elsewhere fails here, not as a stage timed at zero
 
         def timed(*a: Any, **k: Any) -> Any:
             t0 = time.perf_counter()
@@ -112,9 +110,7 @@ class _Split:
         setattr(owner, name, timed)
 
     def _wrap_gen(self, owner: Any, name: str, key: str) -> None:
-        fn = getattr(owner, name, None)
-        if fn is None:
-            return
+        fn = getattr(owner, name)  # a name moved elsewhere fails here, not as a stage timed at zero
 
         def timed(*a: Any, **k: Any) -> Any:
             it = fn(*a, **k)
@@ -132,7 +128,7 @@ class _Split:
         setattr(owner, name, timed)
 
     def __enter__(self) -> _Split:
-        from gpuidle import api
+        from gpuidle.jobs import rank
         from gpuidle.report import jsonout
         from gpuidle.sources import jsonstream, kineto, kineto_columns, kineto_read
 
@@ -140,7 +136,7 @@ class _Split:
         self._wrap(kineto_read, "scan_or_decode", "decode")
         self._wrap(kineto_columns.Columns, "add", "columns")
         self._wrap(kineto, "read", "read")
-        self._wrap(api, "summarize_rank", "analysis")
+        self._wrap(rank, "summarize_rank", "analysis")
         self._workers = os.environ.get(kineto_read.WORKERS_ENV)
         os.environ[kineto_read.WORKERS_ENV] = "1"  # the wrappers time this process's work
         self._wrap(jsonout.JsonRenderer, "render", "render")
