@@ -192,6 +192,33 @@ def test_export_without_cuda_activity(skip: tuple[str, ...], tmp_path: Path) -> 
     assert fingerprint(tmp_path) == before
 
 
+def test_an_export_that_lost_its_device_records_is_read_for_its_host_side(tmp_path: Path) -> None:
+    """The real export with its device tables dropped: its kernel launches (counted here in SQL) stand for the
+    records lost, the host side is reported, exit code 1 and nothing recorded, as for a Kineto trace."""
+    src = tmp_path / "lost.sqlite"
+    shutil.copy(REAL, src)
+    db = sqlite3.connect(src)
+    for table in DEVICE_TABLES:
+        db.execute(f"DROP TABLE IF EXISTS {table}")
+    launches = db.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON r.nameId = s.id "
+                          "WHERE (s.value LIKE 'cudaLaunchKernel%' OR s.value LIKE 'cuLaunchKernel%') "
+                          "AND r.correlationId >= 0").fetchone()[0]
+    db.commit()
+    db.close()
+    assert launches == 1312
+    before = fingerprint(tmp_path)
+    (side,) = analyze([src]).host_side
+    assert side.lost_launches == launches
+    assert side.threads == 1
+    assert side.activity_s["launch"] > 0
+    proc = gpuidle("analyze", str(src), "--no-ledger")
+    assert proc.returncode == 1, proc.stderr
+    assert f"host side only: {launches} kernel launches with no kernel record" in proc.stdout
+    assert "No fixes" in proc.stdout
+    assert "not the ones this reader knows" not in proc.stdout  # its tables are known: the device's are gone
+    assert fingerprint(tmp_path) == before
+
+
 @pytest.mark.parametrize("keep", [50, 4096, 0.5])
 def test_truncated_export(keep: float, tmp_path: Path) -> None:
     data = REAL.read_bytes()

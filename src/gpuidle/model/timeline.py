@@ -8,6 +8,7 @@ trace's own clock.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,10 @@ class HostKind(enum.IntEnum):
 FILE_READ_CALLS = frozenset({"read", "pread", "pread64", "readv", "preadv", "readv2", "preadv2", "preadv64",
                              "fread", "fread_unlocked"})
 """OS calls that read a file: the one list a reader filters OS-runtime traces with and analysis classifies by."""
+LAUNCH_CALL = re.compile(r"^(cuda|hip|cu)(LaunchKernel|LaunchKernelExC?|LaunchCooperativeKernel|ModuleLaunchKernel"
+                         r"|ExtLaunchKernel|GraphLaunch)(_v\d+)?$")
+"""A runtime or driver call that launches device work: where it carries a correlation id and no device record
+follows it anywhere in a trace, the trace lost its device records."""
 XSPACE_FORMAT = "xspace"
 """``source.format`` of JAX and TensorFlow profiles."""
 HOST_RANK_NOTE = "one rank per host:"

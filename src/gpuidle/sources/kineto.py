@@ -12,7 +12,6 @@ into numpy columns; no per-event object survives a chunk.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy.typing as npt
 from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
 from gpuidle.model import (
     I64,
+    LAUNCH_CALL,
     CollectiveCalls,
     CopyKind,
     DeviceOpKind,
@@ -57,11 +57,6 @@ def copy_kind(name: str) -> CopyKind:
     if "DtoD" in name or "PtoP" in name:
         return CopyKind.DTOD
     return CopyKind.OTHER
-
-
-LAUNCH_CALL = re.compile(r"^(cuda|hip|cu)(LaunchKernel|LaunchKernelExC?|LaunchCooperativeKernel|ModuleLaunchKernel"
-                         r"|ExtLaunchKernel|GraphLaunch)(_v\d+)?$")
-"""A runtime or driver call that launches device work."""
 
 
 def _launches(strings: list[str], host: dict[str, list[np.ndarray]]) -> int:

@@ -9,6 +9,9 @@ threads that drive the GPU. ``CUPTI_ACTIVITY_KIND_SYNCHRONIZATION`` says which r
 calls blocked the host on the device. ``TARGET_INFO_GPU`` names the devices and their
 compute capability.
 
+An export whose kernel launches are there with their correlation ids and whose device tables are not (the
+records lost: a full buffer, a dropped activity kind) is read for its host side, each launch a record lost.
+
 Processes (``globalPid``) with GPU work are ranks when NVTX or the environment says so
 (an NVTX range naming ``rank N``; each process running NCCL kernels on its own devices;
 ``RANK``/``SLURM_PROCID``/... for a one-process report); otherwise all of them are one
@@ -25,11 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuidle.errors import CorruptInput, NoGpuActivity, NotATrace
 from gpuidle.model import (
     FILE_READ_CALLS,
     I64,
+    LAUNCH_CALL,
     CollectiveCalls,
     CopyKind,
     DeviceOpKind,
@@ -43,7 +48,7 @@ from gpuidle.model import (
 from gpuidle.model.arrays import distinct
 from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
 from gpuidle.model.name_search import found_any
-from gpuidle.sources import nsys_db, step_markers
+from gpuidle.sources import nsys_db, nsys_ranks, step_markers
 from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kineto_columns import check_span
 from gpuidle.sources.kineto_events import I32_MAX
@@ -59,9 +64,6 @@ _NVTX_TAIL = re.compile(r", (seq|op_id|sizes|input_op_ids|stashed seq) = .*$")
 """``emit_nvtx`` appends ``, seq = N, op_id = M, sizes = [...]`` to operator and ``record_function`` names."""
 _PYTORCH_NVTX = re.compile(r"^(aten|c10d|autograd)::|^ProfilerStep#|DataLoader|^Optimizer\.step#")
 _PYTORCH_KERNEL = re.compile(r"at::native::|at_cuda_detail")
-_RANK_NVTX = re.compile(r"\brank\s*[#:=_ ]?\s*(\d+)\b", re.IGNORECASE)
-RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK")
-WORLD_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE")
 
 # CUPTI enums (stable across CUDA versions): CUpti_ActivityMemcpyKind, CUpti_ActivityMemoryKind,
 # CUpti_ActivitySynchronizationType.
@@ -81,6 +83,8 @@ _DEVICE_COLS: dict[str, tuple[str, ...]] = {
     "start": ("start",), "end": ("end",), "device": ("deviceId",), "stream": ("streamId",),
     "corr": ("correlationId",), "gpid": ("globalPid",),
 }
+_DEVICE_KEYS = (*_DEVICE_COLS, "name", "kind", "copy", "bytes", "proc")
+"""The columns of the device rows, all of them present in an export that lost its device records (empty)."""
 
 
 def copy_kind(direction: int, src: int, dst: int) -> CopyKind:
@@ -144,7 +148,7 @@ def read(path: str) -> list[Timeline]:
 
     :raises CorruptInput: a truncated or unreadable SQLite file, or a failed ``nsys export``.
     :raises NotATrace: an SQLite file that is not an Nsight Systems export.
-    :raises NoGpuActivity: an export with no CUDA kernels, copies or sets.
+    :raises NoGpuActivity: an export with no CUDA kernels, copies or sets, and no kernel launch either.
     :raises MissingTool: a ``.nsys-rep`` without ``nsys`` on PATH.
     """
     import sqlite3
@@ -167,29 +171,36 @@ def _read(path: str, t: Tables) -> list[Timeline]:
     notes = _version_notes(t)
     names = _Names()
     dev = _device_rows(t, names, notes)
+    host = _host_rows(t, names)
+    lost = None if dev is not None else _launches(host, names)
     if dev is None:
-        what = "no CUDA trace in this report" if not any(t.has(n) for n in _DEVICE_TABLES) else "0 kernels"
-        raise NoGpuActivity(f"{path}: no GPU activity in this Nsight Systems export ({what})",
-                            "profile with CUDA tracing on: nsys profile --trace=cuda,nvtx,osrt ...")
-    host = _host_rows(t, names, dev)
-    t0 = int(min(dev.cols["start"].min(), host.cols["start"].min() if len(host) else dev.cols["start"].min()))
-    check_span(path, t0, max(int(dev.cols["end"].max()), int(host.cols["end"].max()) if len(host) else 0))
+        if lost is None or not lost.any():
+            what = "no CUDA trace in this report" if not any(t.has(n) for n in _DEVICE_TABLES) else "0 kernels"
+            raise NoGpuActivity(f"{path}: no GPU activity in this Nsight Systems export ({what})",
+                                "profile with CUDA tracing on: nsys profile --trace=cuda,nvtx,osrt ...")
+        dev = _Rows(dict.fromkeys(_DEVICE_KEYS, np.zeros(0, dtype=np.int64)))  # the records lost: the host side
+    spans = [c for c in (dev.cols, host.cols) if c["start"].size]
+    t0 = int(min(c["start"].min() for c in spans))
+    check_span(path, t0, max(int(c["end"].max()) for c in spans))
     framework = _framework(names, t)
-    env = _environment(t)
-    ranks = _ranks(dev, host, names, env)
+    env = nsys_ranks.environment(t)
+    working = distinct(dev.cols["proc"] if lost is None else host.cols["proc"][lost])
+    ranks = nsys_ranks.ranks([int(p) for p in working], dev.cols, host.cols, list(names.ids), env)
     devices, capability = _devices(t)
     strings = list(names.ids)
     out = []
     for rank, procs, rank_notes in ranks:
         d = dev.take(np.isin(dev.cols["proc"], procs))
         # device work without globalPid (older exports) is one process: every host row is its own
-        h = host.take(np.isin(host.cols["proc"], procs) | (-1 in procs))
+        mine = np.isin(host.cols["proc"], procs) | (-1 in procs)
+        h = host.take(mine)
         used = set(d["device"].tolist())
-        world = len(ranks) if len(ranks) > 1 else _env_int(env, WORLD_ENV)
+        world = len(ranks) if len(ranks) > 1 else nsys_ranks.env_int(env, nsys_ranks.WORLD_ENV)
         meta = TraceMeta(path=path, format=FORMAT, t0_ns=t0, rank=rank, world_size=world,
                          device_names={k: v for k, v in devices.items() if k in used},
                          device_capability={k: v for k, v in capability.items() if k in used},
-                         notes=notes + rank_notes, framework=framework)
+                         notes=notes + rank_notes, framework=framework,
+                         device_records_lost=0 if lost is None else int(lost[mine].sum()))
         check_job_facts(meta)
         out.append(_timeline(strings, d, h, t0, meta))
     return out
@@ -199,8 +210,8 @@ def _version_notes(t: Tables) -> list[str]:
     """A note only where the export's tables are not the ones this reader knows: a device activity table with its
     start, end, device, stream and correlation columns, and the string table. The version string decides nothing
     (real exports omit it, or carry a major this reader predates, with the same tables)."""
-    device = [table for table in _DEVICE_TABLES if t.has(table)]
-    if t.has("StringIds") and device and all(t.pick(table, *cols) for table in device
+    device = [table for table in _DEVICE_TABLES if t.has(table)]  # none: no device activity, said where it shows
+    if t.has("StringIds") and all(t.pick(table, *cols) for table in device
                                               for key, cols in _DEVICE_COLS.items() if key != "gpid"):
         return []
     export = t.meta("META_DATA_EXPORT")
@@ -265,7 +276,16 @@ def _check_ids(path: str, rows: dict[str, I64]) -> None:
                                "not an id", nsys_db.REEXPORT)
 
 
-def _host_rows(t: Tables, names: _Names, dev: _Rows) -> _Rows:
+def _launches(host: _Rows, names: _Names) -> npt.NDArray[np.bool_]:
+    """Which host rows are kernel launches that carry a correlation id: in an export without device records,
+    each stands for a record lost."""
+    launch = np.fromiter((LAUNCH_CALL.match(n) is not None for n in names.ids), dtype=bool, count=len(names.ids))
+    c = host.cols
+    found: npt.NDArray[np.bool_] = (c["kind"] == HostKind.RUNTIME) & (c["corr"] >= 0) & launch[c["name"]]
+    return found
+
+
+def _host_rows(t: Tables, names: _Names) -> _Rows:
     """Runtime calls, NVTX ranges and file reads, each with its process and thread."""
     parts: list[dict[str, I64]] = []
     rt = t.ints("CUPTI_ACTIVITY_KIND_RUNTIME", {"start": ("start",), "end": ("end",), "gtid": ("globalTid",),
@@ -371,63 +391,6 @@ def _framework(names: _Names, t: Tables) -> str:
         if threads is not None and any(v == "pt_main_thread" for v in t.strings(threads["raw"]).values()):
             return PYTORCH
     return CUDA
-
-
-def _environment(t: Tables) -> dict[str, str]:
-    """The launch environment nsys recorded (``TARGET_INFO_SYSTEM_ENV`` ``DeviceEnvironment``)."""
-    table = "TARGET_INFO_SYSTEM_ENV"
-    if t.pick(table, "name") is None or t.pick(table, "value") is None:
-        return {}
-    env: dict[str, str] = {}
-    for (value,) in t.conn.execute(f"SELECT value FROM {table} WHERE name = 'DeviceEnvironment'"):
-        for item in str(value).split(";"):
-            key, sep, val = item.partition("=")
-            if sep:
-                env.setdefault(key, val)
-    return env
-
-
-def _env_int(env: dict[str, str], keys: tuple[str, ...]) -> int | None:
-    for k in keys:
-        if env.get(k, "").strip().isdigit():
-            return int(env[k])
-    return None
-
-
-Rank = tuple[int | None, list[int], list[str]]
-"""A rank number (None: not recorded), its processes, its notes."""
-
-
-def _ranks(dev: _Rows, host: _Rows, names: _Names, env: dict[str, str]) -> list[Rank]:
-    """``(rank, processes, notes)`` per rank: processes with GPU work, split or merged (module docstring)."""
-    procs = [int(p) for p in distinct(dev.cols["proc"])]
-    pids = [p & 0xFFFFFF for p in procs]
-    if len(procs) == 1:
-        rank = _env_int(env, RANK_ENV)
-        said = [] if rank is not None else ["the export records no rank (RANK, SLURM_PROCID, ... in its "
-                                            "environment, or an NVTX range 'rank N'): taken as rank 0"]
-        return [(rank, procs, said)]
-    strings = list(names.ids)
-    nvtx_rank: dict[int, int] = {}
-    for p in procs:
-        mine = host.cols["name"][(host.cols["proc"] == p) & (host.cols["kind"] == HostKind.ANNOTATION)]
-        found = {int(m.group(1)) for i in distinct(mine) if (m := _RANK_NVTX.search(strings[int(i)]))}
-        if len(found) == 1:
-            nvtx_rank[p] = found.pop()
-    if len(nvtx_rank) == len(procs) and len(set(nvtx_rank.values())) == len(procs):
-        return sorted(((nvtx_rank[p], [p], []) for p in procs), key=lambda r: r[0] or 0)
-    coll = dev.cols["kind"] == DeviceOpKind.COLLECTIVE
-    devices = [set(dev.cols["device"][dev.cols["proc"] == p].tolist()) for p in procs]
-    every_nccl = all(coll[dev.cols["proc"] == p].any() for p in procs)
-    disjoint = sum(len(d) for d in devices) == len(set().union(*devices))
-    if every_nccl and disjoint:
-        order = sorted(range(len(procs)), key=lambda i: (min(devices[i]), pids[i]))
-        numbered = ["no rank recorded: each process runs NCCL kernels on its own GPUs, so ranks are numbered "
-                    "by their lowest device"]
-        return [(r, [procs[i]], numbered) for r, i in enumerate(order)]
-    note = (f"{len(procs)} processes with GPU work (pids {', '.join(map(str, sorted(pids)))}) and no rank "
-            "recorded for them: read as one rank")
-    return [(_env_int(env, RANK_ENV), procs, [note])]
 
 
 def _devices(t: Tables) -> tuple[dict[int, str], dict[int, str]]:
