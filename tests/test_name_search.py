@@ -80,10 +80,14 @@ def test_hand_made_patterns_split_and_word_led_search_as_written() -> None:
         (r"\b_x+|\b\d|\bé", 0), (r"^a|^b", 0), (r"\bkernel", re.I), (r"(?:\bdeep_|\b)ep::\w*dispatch|^m", 0),
         (r"^(a|b)c|(x|y)+z|(?:q|\bd)d|(?:(a|b)|c)?y", 0), (r"(?i:a|b)c|(?=x)y|(?<!q)qq|(one|two)_x", 0),
         (r"\b(?:one|two|o)::x|\b(a|b)+c", re.I), (r"^((a|b)(c|d)q|y(one|two)|\dnc)$", 0), (r"\w_x|\dd|a\.b", 0),
-        (r"^ab?c|^a\ b|^\(x|^qq+z", re.I), (r"^(?:one|two)\.|^[ab]c|^m$", 0))]
-    pieces = ["a", "b", "c", "x", "y", "q", "qq", "z", "_", " ", ".", "(", "nvshmem", "NVSHMEMI_", "ncclKernel", "Ucc_",
-              "d", "dd", "1", "é", "Kernel", "deep_ep::", "ep::", "dispatch", "m", "\n", "ı", "İ", "one", "two", "A",
-              "B"]
+        (r"^ab?c|^a\ b|^\(x|^qq+z", re.I), (r"^(?:one|two)\.|^[ab]c|^m$", 0),
+        # the joined text is not a name: its edges (\A, \Z, \B), a newline, codes that lowercasing leaves as they
+        # are, ranges that take in more lowercased, case-sensitive groups, named groups and conditionals
+        (r"^[a]\Z", 0), (r"^a|^\Ab", 0), (r"^\B", 0), (r"^\x41", re.I), (r"\x41b", re.I), (r"(?-i:A)b", re.I),
+        (r"x[@-Z]", re.I), (r"^(?=\n)|^q", 0), (r"^((a|b)(?P<n>c)|d)", 0), (r"^(a)?(?(1)b|c)", 0))]
+    pieces = ["a", "b", "c", "x", "y", "q", "qq", "z", "_", " ", ".", "(", "@", "nvshmem", "NVSHMEMI_", "ncclKernel",
+              "Ucc_", "d", "dd", "1", "é", "Kernel", "deep_ep::", "ep::", "dispatch", "m", "\n", "ı", "İ", "one", "two",
+              "A", "B"]
     for _ in range(400):
         batch = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 5))) for _ in range(rng.randint(0, 30))]
         for pattern in patterns:

@@ -219,6 +219,17 @@ def test_an_export_that_lost_its_device_records_is_read_for_its_host_side(tmp_pa
     assert fingerprint(tmp_path) == before
 
 
+def test_device_records_without_their_times_are_refused_not_taken_for_lost(tmp_path: Path) -> None:
+    src = tmp_path / "renamed.sqlite"
+    shutil.copy(REAL, src)
+    db = sqlite3.connect(src)
+    db.execute('ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL RENAME COLUMN "start" TO "begin"')
+    db.commit()
+    db.close()
+    assert_one_line_error(gpuidle("analyze", str(src), "--no-ledger"), "CUPTI_ACTIVITY_KIND_KERNEL",
+                          "without a start or end column")
+
+
 @pytest.mark.parametrize("keep", [50, 4096, 0.5])
 def test_truncated_export(keep: float, tmp_path: Path) -> None:
     data = REAL.read_bytes()

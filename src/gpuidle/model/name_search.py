@@ -97,9 +97,9 @@ def _parts(pattern: re.Pattern[str]) -> tuple[re.Pattern[str], ...]:
     or ``^word`` written
     ``word(?<=\\bword)`` (the same matches; ``^`` is each name's start in the joined names, searched line by line):
     ``re`` skips ahead to a possible first character only where every alternative starts with a literal. A pattern
-    with back-references is left whole."""
+    with back-references, named groups or conditionals is left whole (copies of it would repeat them)."""
     text = pattern.pattern
-    if pattern.flags & re.VERBOSE or re.search(r"\\[1-9]|\(\?P=", text):
+    if pattern.flags & re.VERBOSE or re.search(r"\\[1-9]|\(\?P[=<]|\(\?\(", text):
         return (pattern,)
     alts = _alternatives(text)
     spread = alts
@@ -183,10 +183,25 @@ _ASCII_FOLDS = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u21
 def _lowercase(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
     """A case-insensitive pattern as a lowercase one for lowercased text (``re`` tries every case of every
     character otherwise, some ten times slower); None where its text has an escape a lowercase letter would
-    change (``\\W``, ``\\S``...)."""
-    if not pattern.flags & re.IGNORECASE or re.search(r"\\[A-Z]", pattern.pattern):
+    change (``\\W``, ``\\S``...) or that names a character by its code (``\\x41`` stays ``A``)."""
+    if not pattern.flags & re.IGNORECASE or re.search(r"\\[A-Zxu0-7]", pattern.pattern):
         return None
     return _compiled(pattern.pattern.lower(), (pattern.flags & ~re.IGNORECASE) | re.MULTILINE)
+
+
+@lru_cache(maxsize=256)
+def _joinable(pattern: re.Pattern[str]) -> bool:
+    """Whether the joined names read the pattern as each name does: not where it says ``\\A``, ``\\Z`` or ``\\B``
+    (they see the text's edges, not a name's) or a newline (it would cross from name to name), nor with flags
+    that change how a pattern reads (``VERBOSE``): those are searched name by name."""
+    return not (pattern.flags & re.VERBOSE or re.search(r"\\[ABZn]|\n", pattern.pattern))
+
+
+@lru_cache(maxsize=256)
+def _lowercase_exact(pattern: re.Pattern[str]) -> bool:
+    """Whether lowercase search finds exactly the ASCII names the pattern finds: not where a class holds a range
+    (``[@-Z]`` lowercased takes in ``_``) or a group turns the case-insensitivity off (``(?-i:A)``)."""
+    return pattern.pattern.isascii() and not re.search(r"\[[^\]]*?-[^\]]|\(\?[a-zA-Z]*-", pattern.pattern)
 
 
 JOIN_FROM = 2_000
@@ -216,7 +231,7 @@ class JoinedNames:
 
     def found(self, pattern: re.Pattern[str]) -> npt.NDArray[np.bool_]:
         """:func:`found_in` of these names."""
-        if len(self.names) < JOIN_FROM:
+        if len(self.names) < JOIN_FROM or not _joinable(pattern):
             return np.fromiter((pattern.search(n) is not None for n in self.names), bool, len(self.names))
         parts = _parts(pattern)
         out = self._found(parts[0])
@@ -230,7 +245,7 @@ class JoinedNames:
 
     def any(self, pattern: re.Pattern[str]) -> bool:
         """Whether ``pattern`` is found in any of the names."""
-        if len(self.names) < JOIN_FROM or self.text is None:
+        if len(self.names) < JOIN_FROM or self.text is None or not _joinable(pattern):
             return any(pattern.search(n) for n in self.names)
         for part in _parts(pattern):
             search, text = self._search(part, lowercase=None)
@@ -268,7 +283,7 @@ class JoinedNames:
         rows = np.searchsorted(self.line_starts, hits, side="right") - 1  # in order, as finditer gives the hits
         if rows.size:  # each name once (np.unique would load numpy.ma, a start-up cost of every analysis)
             rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
-        if lowercase is not None and not (self.ascii and pattern.pattern.isascii()):
+        if lowercase is not None and not (self.ascii and _lowercase_exact(pattern)):
             rows = rows[np.fromiter((pattern.search(names[i]) is not None for i in rows.tolist()), bool, rows.size)]
         out[rows] = True
         return out

@@ -273,7 +273,8 @@ class Columns:
         sid = self.string_ids
         last = len(sid) - 1  # the names new in this chunk are the dict's last, read from its end
         new = list(islice(reversed(sid), len(sid) - known))
-        self._collective_ids.update((last - np.flatnonzero(found_in(new, COLLECTIVE_CALL))).tolist())
+        self._collective_ids.update(last - i for i in np.flatnonzero(found_in(new, COLLECTIVE_CALL)).tolist()
+                                    if new[i] == "record_param_comms" or new[i].startswith("nccl:"))  # $: not "\n"
         if not self._collective_ids:
             return []
         return np.flatnonzero(np.isin(names, list(self._collective_ids))).tolist()

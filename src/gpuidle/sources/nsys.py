@@ -170,6 +170,7 @@ def _read(path: str, t: Tables) -> list[Timeline]:
                         "export the report with: nsys export --type sqlite REPORT.nsys-rep")
     notes = _version_notes(t)
     names = _Names()
+    _refuse_unreadable(path, t)
     dev = _device_rows(t, names, notes)
     host = _host_rows(t, names)
     lost = None if dev is not None else _launches(host, names)
@@ -274,6 +275,16 @@ def _check_ids(path: str, rows: dict[str, I64]) -> None:
         if bad.size:
             raise CorruptInput(f"{path}: device activity with {column} {int(rows[key][bad[0]])} ({bad.size} row(s)): "
                                "not an id", nsys_db.REEXPORT)
+
+
+def _refuse_unreadable(path: str, t: Tables) -> None:
+    """Raise where a device table has rows but no start or end column: its records are there, unreadable (not
+    lost, and not to be left out of figures that would then be wrong)."""
+    for table in _DEVICE_TABLES:
+        if t.has(table) and not (t.pick(table, "start") and t.pick(table, "end")) and \
+                t.conn.execute(f'SELECT EXISTS (SELECT 1 FROM "{table}")').fetchone()[0]:
+            raise CorruptInput(f"{path}: {table} holds device activity without a start or end column",
+                               nsys_db.REEXPORT)
 
 
 def _launches(host: _Rows, names: _Names) -> npt.NDArray[np.bool_]:
