@@ -119,6 +119,8 @@ def test_a_pattern_whose_leads_are_absent_is_not_searched() -> None:
     pattern = re.compile(r"^volta_|sm70_(?<=\bsm70_)|Cijk_", re.I)
     assert name_search._required(pattern) == ("volta_", "sm70_", "cijk_")
     assert name_search._required(re.compile(r"volta_|[ab]x")) is None
+    assert name_search._required(re.compile(r"^fread$|^read$|^pread64$|^pread$|x")) == ("read", "x")
+    assert name_search._required(re.compile(r"^NCCL|nccl_kernel|^RCCL", re.I)) == ("nccl", "rccl")
     absent, present = JoinedNames(["ampere_x", "sm80_y"]), JoinedNames(["ampere_x", "VOLTA_y", "a SM70_b", "xcijk_"])
     assert absent._excluded(pattern)
     assert not present._excluded(pattern)

@@ -171,8 +171,12 @@ def _required(pattern: re.Pattern[str]) -> tuple[str, ...] | None:
     if not all(leads) or len(leads) > MAX_REQUIRED:
         return None
     if pattern.flags & re.IGNORECASE:
-        return tuple(lead.lower() for lead in leads) if all(lead.isascii() for lead in leads) else None
-    return tuple(leads)
+        if not all(lead.isascii() for lead in leads):
+            return None
+        leads = [lead.lower() for lead in leads]
+    distinct_leads = list(dict.fromkeys(leads))
+    # a lead that holds another is in the names only where that one is: looked for in vain, it is not looked for
+    return tuple(x for x in distinct_leads if not any(y != x and y in x for y in distinct_leads))
 
 
 _ASCII_FOLDS = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
