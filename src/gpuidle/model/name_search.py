@@ -25,8 +25,14 @@ def _compiled(text: str, flags: int) -> re.Pattern[str]:
     return re.compile(text, flags)
 
 
+_NAME_END = re.compile(r"(?<!\\)((?:\\\\)*)\\Z")
+"""``\\Z`` outside an escaped backslash: a name's end, which in names joined by newlines is a line's end."""
+
+
 def _per_line(pattern: re.Pattern[str]) -> re.Pattern[str]:
-    return _compiled(pattern.pattern, pattern.flags | re.MULTILINE)
+    """The pattern for the joined names: ``^`` and ``$`` at each name's edges (MULTILINE), ``\\Z`` as ``$`` (a
+    name's own ``$`` also matches before a final newline, its ``\\Z`` never; joined names hold none)."""
+    return _compiled(_NAME_END.sub(r"\1$", pattern.pattern), pattern.flags | re.MULTILINE)
 
 
 @lru_cache(maxsize=256)
@@ -195,10 +201,10 @@ def _lowercase(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
 
 @lru_cache(maxsize=256)
 def _joinable(pattern: re.Pattern[str]) -> bool:
-    """Whether the joined names read the pattern as each name does: not where it says ``\\A``, ``\\Z`` or ``\\B``
-    (they see the text's edges, not a name's) or a newline (it would cross from name to name), nor with flags
-    that change how a pattern reads (``VERBOSE``): those are searched name by name."""
-    return not (pattern.flags & re.VERBOSE or re.search(r"\\[ABZn]|\n", pattern.pattern))
+    """Whether the joined names read the pattern as each name does: not where it says ``\\A`` or ``\\B`` (they
+    see the text's edges, not a name's) or a newline (it would cross from name to name), nor with flags that change
+    how a pattern reads (``VERBOSE``): those are searched name by name."""
+    return not (pattern.flags & re.VERBOSE or re.search(r"\\[ABn]|\n", pattern.pattern))
 
 
 @lru_cache(maxsize=256)

@@ -34,7 +34,7 @@ from gpuidle.model import (
 )
 from gpuidle.model.arrays import distinct
 from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
-from gpuidle.model.name_search import found_any
+from gpuidle.model.name_search import found_any, found_in
 from gpuidle.sources import step_markers
 from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kernel_arch import kernel_arch_by_device
@@ -65,7 +65,7 @@ def _launches(strings: list[str], host: dict[str, list[np.ndarray]]) -> int:
         return 0
     names = np.concatenate(host["name"]).astype(np.int64)
     corr = np.concatenate(host["corr"]).astype(np.int64)
-    launch = np.fromiter((LAUNCH_CALL.match(n) is not None for n in strings), dtype=bool, count=len(strings))
+    launch = found_in(strings, LAUNCH_CALL)
     return int((launch[names] & (corr >= 0)).sum()) if launch.size else 0
 
 

@@ -100,12 +100,11 @@ def dtype_bytes(dtype: str) -> int:
 
 _CAT, _PH, _NAME = attrgetter("cat"), attrgetter("ph"), attrgetter("name")
 
-COLLECTIVE_CALL = re.compile(r"^record_param_comms$|^nccl:")
+COLLECTIVE_CALL = re.compile(r"^record_param_comms\Z|^nccl:")
 """Host ranges of collectives whose args carry the call's sizes and group (read as the events are)."""
 _CODE = {**{c: int(k) for c, k in _DEVICE_CATS.items()}, **_DEVICE_RANGE_CATS,
          **{c: 10 + int(k) for c, k in _HOST_CATS.items() if k >= 0}}
 """Category -> 0..3 device kind, :data:`DEVICE_RANGE`, or 10 + host kind; anything else is skipped."""
-
 
 
 def _by_string(strings: list[str], used: npt.NDArray[np.int32], value: Callable[[str], Any],
@@ -273,8 +272,7 @@ class Columns:
         sid = self.string_ids
         last = len(sid) - 1  # the names new in this chunk are the dict's last, read from its end
         new = list(islice(reversed(sid), len(sid) - known))
-        self._collective_ids.update(last - i for i in np.flatnonzero(found_in(new, COLLECTIVE_CALL)).tolist()
-                                    if new[i] == "record_param_comms" or new[i].startswith("nccl:"))  # $: not "\n"
+        self._collective_ids.update((last - np.flatnonzero(found_in(new, COLLECTIVE_CALL))).tolist())
         if not self._collective_ids:
             return []
         return np.flatnonzero(np.isin(names, list(self._collective_ids))).tolist()

@@ -47,7 +47,7 @@ from gpuidle.model import (
 )
 from gpuidle.model.arrays import distinct
 from gpuidle.model.comm_kernels import COLLECTIVE_KERNEL
-from gpuidle.model.name_search import found_any
+from gpuidle.model.name_search import found_any, found_in
 from gpuidle.sources import nsys_db, nsys_ranks, step_markers
 from gpuidle.sources.job_facts import check_job_facts
 from gpuidle.sources.kineto_columns import check_span
@@ -290,7 +290,7 @@ def _refuse_unreadable(path: str, t: Tables) -> None:
 def _launches(host: _Rows, names: _Names) -> npt.NDArray[np.bool_]:
     """Which host rows are kernel launches that carry a correlation id: in an export without device records,
     each stands for a record lost."""
-    launch = np.fromiter((LAUNCH_CALL.match(n) is not None for n in names.ids), dtype=bool, count=len(names.ids))
+    launch = found_in(list(names.ids), LAUNCH_CALL)
     c = host.cols
     found: npt.NDArray[np.bool_] = (c["kind"] == HostKind.RUNTIME) & (c["corr"] >= 0) & launch[c["name"]]
     return found
