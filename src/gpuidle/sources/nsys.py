@@ -173,9 +173,10 @@ def _read(path: str, t: Tables) -> list[Timeline]:
     _refuse_unreadable(path, t)
     dev = _device_rows(t, names, notes)
     host = _host_rows(t, names)
-    lost = None if dev is not None else _launches(host, names)
+    lost = None
     if dev is None:
-        if lost is None or not lost.any():
+        lost = _launches(host, names)
+        if not lost.any():
             what = "no CUDA trace in this report" if not any(t.has(n) for n in _DEVICE_TABLES) else "0 kernels"
             raise NoGpuActivity(f"{path}: no GPU activity in this Nsight Systems export ({what})",
                                 "profile with CUDA tracing on: nsys profile --trace=cuda,nvtx,osrt ...")
@@ -185,10 +186,10 @@ def _read(path: str, t: Tables) -> list[Timeline]:
     check_span(path, t0, max(int(c["end"].max()) for c in spans))
     framework = _framework(names, t)
     env = nsys_ranks.environment(t)
-    working = distinct(dev.cols["proc"] if lost is None else host.cols["proc"][lost])
-    ranks = nsys_ranks.ranks([int(p) for p in working], dev.cols, host.cols, list(names.ids), env)
-    devices, capability = _devices(t)
     strings = list(names.ids)
+    working = distinct(dev.cols["proc"] if lost is None else host.cols["proc"][lost])
+    ranks = nsys_ranks.ranks([int(p) for p in working], dev.cols, host.cols, strings, env)
+    devices, capability = _devices(t)
     out = []
     for rank, procs, rank_notes in ranks:
         d = dev.take(np.isin(dev.cols["proc"], procs))
