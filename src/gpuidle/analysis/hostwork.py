@@ -73,8 +73,10 @@ def self_time(start: I64, end: I64, thread: I32, rows: I64, nested: I64) -> iv.I
     out_s: list[I64] = [iv.EMPTY[0]]
     out_e: list[I64] = [iv.EMPTY[1]]
     rows = rows[end[rows] > start[rows]]
+    nested = nested[end[nested] > start[nested]]
+    nested_thread = thread[nested]
     for t in distinct(thread[rows]).tolist():
-        inner = nested[(thread[nested] == t) & (end[nested] > start[nested])]
+        inner = nested[nested_thread == t]
         inner = inner[np.argsort(start[inner], kind="stable")]
         mine = rows[thread[rows] == t]
         width = int((end[mine] - start[mine]).max()) + 1

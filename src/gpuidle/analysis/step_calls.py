@@ -80,10 +80,13 @@ def _callers(start: I64, end: I64, seg_start: I64, label: I64, calls: I64, loadi
 
 
 def _covering(start: I64, end: I64, rows: I64, sorted_points: I64) -> I64:
-    """The ``rows`` whose range holds at least one point: the few calls worth the innermost search."""
-    inside = (np.searchsorted(sorted_points, end[rows], side="left")
-              - np.searchsorted(sorted_points, start[rows], side="left"))
-    return rows[inside > 0]
+    """The ``rows`` whose range holds at least one point (the first point at or after its start comes before its
+    end): the few calls worth the innermost search."""
+    if sorted_points.size == 0:
+        return rows[:0]
+    first = np.searchsorted(sorted_points, start[rows], side="left")
+    after = sorted_points[np.minimum(first, sorted_points.size - 1)]
+    return rows[(first < sorted_points.size) & (after < end[rows])]
 
 
 def _transfers(tl: Timeline, launchers: I64, rows: I64) -> dict[int, int]:
