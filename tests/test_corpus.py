@@ -130,3 +130,17 @@ def test_dlrm_one_step_per_rank() -> None:
 
 def test_the_accuracy_page_is_what_the_analysis_says() -> None:
     assert page() == (Path(ROOT) / "docs" / "accuracy.md").read_text()
+
+
+def test_a_one_step_runs_idle_prints_as_its_device_line_does() -> None:
+    """fp32's one step idles 26.605 ms: its causes' float sum reads 26.604999… ms, which printed 26.60 on the run
+    line beside 26.61 on the device line; the run line's idle is the steps' own, so both print the same."""
+    from gpuidle.analysis import figures
+    from gpuidle.report.common import ms
+
+    r = report("switch_moe_a100_fp32.json.gz")
+    (rank,) = r.ranks
+    steady = [s for s in rank.steps if s.excluded is None]
+    assert len(steady) == 1
+    device = rank.primary()
+    assert ms(figures.idle_s(r)) == ms(device.idle_s) == ms(steady[0].idle_s)

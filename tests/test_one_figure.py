@@ -53,7 +53,9 @@ def steady_figures(rank: dict[str, Any]) -> tuple[float, float, int]:
     gpus = max(sum(d["busy_s"] > 0 for d in rank["devices"]), 1)
     if not steady:
         return device["window_s"], device["idle_s"], gpus
-    idle = sum(sum(s["idle_by_cause_s"].values()) for s in steady) / len(steady)
+    idle = sum(s["idle_s"] for s in steady) / len(steady)
+    for s in steady:  # each step's idle is its causes added up
+        assert s["idle_s"] == pytest.approx(sum(s["idle_by_cause_s"].values()), abs=1e-12)
     return sum(s["dur_s"] for s in steady) / len(steady), idle, gpus
 
 

@@ -54,7 +54,7 @@ def summarize(report: AnalysisReport, info: RunInfo | None = None) -> RunSummary
         ranks=len(report.ranks), steps=figures.steps(report),
         utilization=figures.utilization(report),
         step_s=figures.step_s(report),
-        idle_s=sum(idle.values()),
+        idle_s=figures.idle_s(report),
         idle_by_cause_s=idle,
         recommendations=[r.id for r in report.recommendations],
         gpus=figures.gpus(report), excluded_steps=figures.excluded_steps(report),
