@@ -76,6 +76,10 @@ class RuleInput(msgspec.Struct, frozen=True):
 
     def rec(self, id: str, cause: Cause | str, title: str, evidence: dict[str, object], fix: str,
             effect: Effect, confidence: str = "high") -> Proposal:
+        """A fix on this rank. High confidence is a measured saving, a point: a modelled one (a range over its
+        assumption, even beside measured idle) is at most medium, whatever the rule asked."""
+        if confidence == "high" and effect.modelled:
+            confidence = "medium"
         evidence = {"device": self.device.device, "steps": self.steps, **evidence}
         rec = Recommendation(id=id, cause=str(cause), title=title, evidence=evidence, fix=fix,
                              gain=placeholder(), confidence=confidence, rank=self.report.rank)
