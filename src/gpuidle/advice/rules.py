@@ -155,7 +155,9 @@ def cuda_graphs(x: RuleInput) -> list[Proposal]:
     kernels = x.per_window_step(k.count)
     known = ev.get("runtime_calls", 0) > 0 and k.median_launch_us is not None
     evidence: dict[str, object] = {
-        "launch_overhead_ms_per_step": _ms(launch), "kernels_per_step": round(kernels, 1),
+        "launch_overhead_ms_per_step": _ms(x.idle(Cause.LAUNCH_OVERHEAD)),
+        **({"zero_grad_launch_ms_per_step": _ms(zero_grad)} if zero_grad > 0 else {}),
+        "graph_replayable_ms_per_step": _ms(launch), "kernels_per_step": round(kernels, 1),
         "short_kernel_share": round(k.short_kernel_share, 3),
         "median_launch_us": None if k.median_launch_us is None else round(k.median_launch_us, 2),
         "launch_calls_ms_per_step": _ms(x.per_window_step(ev.get("launch_call_us", 0) / 1e6)) if known else None,
