@@ -239,6 +239,24 @@ def test_device_records_without_their_times_are_refused_not_taken_for_lost(tmp_p
                           "without a start or end column")
 
 
+def test_a_view_is_no_table_however_slow(tmp_path: Path) -> None:
+    """A view is a query the file asks for: one that never ends, put where the environment table was, reads as
+    that table missing (Nsight writes no views), and the export reads as the real one does."""
+    src = tmp_path / "view.sqlite"
+    shutil.copy(REAL, src)
+    db = sqlite3.connect(src)
+    db.execute("ALTER TABLE TARGET_INFO_SYSTEM_ENV RENAME TO env")
+    db.execute("CREATE VIEW TARGET_INFO_SYSTEM_ENV AS WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 "
+               "FROM r) SELECT env.* FROM env, r")  # every row of the table, without end
+    db.commit()
+    db.close()
+    real = json.loads(gpuidle("analyze", str(REAL), "--json", "--no-ledger").stdout)
+    proc = gpuidle("analyze", str(src), "--json", "--no-ledger")
+    assert proc.returncode in (0, 1), proc.stderr
+    viewed = json.loads(proc.stdout)
+    assert viewed["ranks"][0]["devices"] == real["ranks"][0]["devices"]
+
+
 @pytest.mark.parametrize("keep", [50, 4096, 0.5])
 def test_truncated_export(keep: float, tmp_path: Path) -> None:
     data = REAL.read_bytes()

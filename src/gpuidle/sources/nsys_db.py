@@ -128,12 +128,15 @@ def _not_integer(rows: list[tuple[object, ...]], table: str, columns: list[str])
 
 
 class Tables:
-    """What an export holds: table names and each table's columns, read once."""
+    """What an export holds: table names and each table's columns, read once.
+
+    Tables only: Nsight writes no views, and a view is a query the file asks for, as slow as its author likes (a
+    recursive one never ends); one named as a table the reader wants reads as that table missing."""
 
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         self.conn = conn
         self.path = path
-        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         self.columns = {n: {r[1] for r in conn.execute(f"PRAGMA table_info({_quoted(n)})")} for n in names}
 
     def has(self, table: str) -> bool:
