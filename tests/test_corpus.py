@@ -163,5 +163,7 @@ def test_the_launch_overhead_evidence_means_one_thing_in_every_fix() -> None:
     graphs, zero_grad = recs["cuda_graphs"].evidence, recs["zero_grad_set_to_none"].evidence
     assert graphs["launch_overhead_ms_per_step"] == zero_grad["launch_overhead_ms_per_step"]
     total, fills = graphs["launch_overhead_ms_per_step"], graphs["zero_grad_launch_ms_per_step"]
-    assert isinstance(total, float) and isinstance(fills, float) and fills > 0
+    assert isinstance(total, float)
+    assert isinstance(fills, float)
+    assert fills > 0
     assert graphs["graph_replayable_ms_per_step"] == pytest.approx(total - fills, abs=2e-3)

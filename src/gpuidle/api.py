@@ -16,7 +16,7 @@ import msgspec
 
 from gpuidle import notebook
 from gpuidle.analysis.summary import RankAnalysis
-from gpuidle.errors import GpuidleError, InputNotFound
+from gpuidle.errors import GpuidleError, InputNotFound, NotATrace
 from gpuidle.idle_timelines import annotate_trace, idle_timeline, timeline_for
 from gpuidle.jobs.contract import Progress
 from gpuidle.jobs.executors import executor_for
@@ -184,14 +184,16 @@ def fleet_report(jobs: Sequence[JobResult], paths: Sequence[str | Path], hours: 
 
 
 def summarize_log(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None,
-                  devices: Sequence[int] | None = None, steps_per_s: float | None = None) -> UtilizationReport:
-    """A utilization log (nvidia-smi CSV or dmon, or gpuidle's own JSONL) in, the utilization summary out."""
+                  devices: Sequence[int] | None = None, steps_per_s: float | None = None,
+                  max_bytes: int | None = None) -> UtilizationReport:
+    """A utilization log (nvidia-smi CSV or dmon, or gpuidle's own JSONL) in, the utilization summary out;
+    ``max_bytes``: the most it may hold, decompressed (default :data:`gpuidle.sources.smi.MAX_LOG_BYTES`)."""
     from gpuidle.advice.utilization import build_report as build_utilization_report
     from gpuidle.analysis.counters import UtilOptions
     from gpuidle.analysis.utilization import analyze as analyze_utilization
     from gpuidle.sources import smi
 
-    series = smi.read(path, fields, interval_s)
+    series = smi.read(path, fields, interval_s, smi.MAX_LOG_BYTES if max_bytes is None else max_bytes)
     analysis = analyze_utilization(series, UtilOptions(devices=devices, steps_per_s=steps_per_s))
     return build_utilization_report(series, analysis, steps_per_s)
 
@@ -363,6 +365,17 @@ def record_analysis(
     facts.update(ledger.Facts(notes=notes, batch_size=batch_size))
     return ledger.record(kind, msgspec.json.encode(report), label, describe_inputs(analysis_inputs(report)),
                          path=ledger_path, **facts)
+
+
+def read_analysis_report(path: str | Path) -> notebook.AnalysisReport:
+    """A ``gpuidle analyze --json`` report (a regular file or a URL: a FIFO would block, ``/dev/zero`` never
+    end), or a one-line error saying what to give instead."""
+    data = inputs.read_bytes(path)
+    try:
+        return notebook.AnalysisReport.from_json(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        raise NotATrace(f"{path} is not a gpuidle analysis report ({err})",
+                        "write one with: gpuidle analyze TRACES --json --out report.json") from None
 
 
 def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[notebook.AnalysisReport, comparison.RunInfo]:

@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 COUNTER_LOG_MAX_BYTES = 64 << 20
-"""A file refused as a trace is tried as a counter log only up to this size: the try reads it whole."""
+"""A file refused as a trace is tried as a counter log only up to this size, on disk and decompressed: the try
+reads it whole (a gzip bomb refused as a trace must not be inflated whole as a log)."""
 
 
 def _counter_log(path: str) -> bool:
@@ -156,7 +157,7 @@ def _counter_log(path: str) -> bool:
     try:
         if not os.path.isfile(path) or os.path.getsize(path) > COUNTER_LOG_MAX_BYTES:
             return False
-        api.summarize_log(path)
+        api.summarize_log(path, max_bytes=COUNTER_LOG_MAX_BYTES)
     except Exception:  # any failure to read it as a log: the trace's own error stands, never a traceback
         return False
     return True

@@ -249,8 +249,8 @@ def _launched(args: argparse.Namespace) -> bool:
 
 
 def run_allreduce(args: argparse.Namespace) -> int:
+    from gpuidle.api import read_analysis_report
     from gpuidle.probes import allreduce as ar
-    from gpuidle.probes.common import read_analysis_report
 
     refuse_overwriting_inputs([args.compare], {"--out": args.out})
     report = read_analysis_report(args.compare) if args.compare else None
@@ -300,8 +300,8 @@ def run_storage(args: argparse.Namespace) -> int:
 
 
 def run_tune_loader(args: argparse.Namespace) -> int:
+    from gpuidle.api import read_analysis_report
     from gpuidle.probes import loader
-    from gpuidle.probes.common import read_analysis_report
 
     refuse_overwriting_inputs([args.target_from], {"--out": args.out})
     target, source = args.target_batches_per_s, "given" if args.target_batches_per_s else None
@@ -336,7 +336,7 @@ def _formulas(args: argparse.Namespace) -> bool:
 def run_cost(args: argparse.Namespace) -> int:
     cost = None
     if args.from_report:
-        from gpuidle.probes.common import read_analysis_report
+        from gpuidle.api import read_analysis_report
 
         if args.hours is None:
             raise GpuidleError("--from needs --hours: a trace covers seconds, the cost is per job")

@@ -1,15 +1,11 @@
-"""What the probes share: the lazy torch import, machine facts, reading a trace report."""
+"""What the probes share: the lazy torch import, machine facts."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from types import ModuleType
 
-import msgspec
-
-from gpuidle.errors import GpuidleError, InputNotFound, NotATrace
-from gpuidle.model import AnalysisReport
+from gpuidle.errors import GpuidleError
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -64,22 +60,6 @@ def ram_bytes() -> tuple[int | None, int | None]:
         except (AttributeError, ValueError, OSError):
             pass
     return total, avail
-
-
-def read_analysis_report(path: str | Path) -> AnalysisReport:
-    """A ``gpuidle analyze --json`` report, or a one-line error saying what to give instead."""
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise InputNotFound(f"{p}: no such file") from None
-    except OSError as err:
-        raise InputNotFound(f"{p}: cannot read: {err.strerror}") from None
-    try:
-        return AnalysisReport.from_json(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as err:
-        raise NotATrace(f"{p} is not a gpuidle analysis report ({err})",
-                        "write one with: gpuidle analyze TRACES --json --out report.json") from None
 
 
 def human_bytes(n: int) -> str:

@@ -10,6 +10,8 @@ import zlib
 from collections.abc import Callable
 from typing import Protocol, cast
 
+from gpuidle.errors import CorruptInput
+
 
 class Inflater(Protocol):
     """What the readers use of ``zlib.decompressobj``'s result."""
@@ -49,3 +51,29 @@ def inflate_errors() -> tuple[type[Exception], ...]:
 def backend() -> str:
     """``isal`` or ``zlib``: which inflater the readers use."""
     return "zlib" if _backend()[1] == (zlib.error,) else "isal"
+
+
+def gunzip_whole(data: bytes, limit: int, name: str) -> bytes:
+    """Every gzip member of ``data`` inflated, at most ``limit`` bytes of it: a few MiB of gzip can hold
+    gigabytes of zeros, and a file read whole must not become them.
+
+    :raises CorruptInput: damaged or truncated gzip, or more than ``limit`` bytes inside.
+    """
+    out: list[bytes] = []
+    left, rest = limit + 1, data
+    try:
+        while rest and left > 0:
+            inflater = gunzipper()
+            out.append(inflater.decompress(rest, left))
+            left -= len(out[-1])
+            if not inflater.eof:
+                if left > 0:
+                    raise CorruptInput(f"{name}: the gzip stream is truncated")
+                break
+            rest = inflater.unused_data
+    except inflate_errors() as err:
+        raise CorruptInput(f"{name}: damaged gzip data ({err})") from None
+    if left <= 0:
+        raise CorruptInput(f"{name}: more than {limit >> 20} MiB once decompressed",
+                           "a counter log that large is not read whole; keep a shorter span of it")
+    return b"".join(out)

@@ -21,7 +21,6 @@ the interval (``-d``, 1 s by default).
 
 from __future__ import annotations
 
-import gzip
 import io
 import itertools
 import math
@@ -47,6 +46,7 @@ from gpuidle.model import (
     util_series_from_records,
 )
 from gpuidle.sources import dcgm, prometheus
+from gpuidle.sources.inflate import gunzip_whole
 from gpuidle.sources.inputs import display, is_folder, is_url, read_bytes
 
 FORMAT_CSV = "nvidia-smi-csv"
@@ -93,15 +93,35 @@ DMON_COLUMNS: dict[str, str] = {
 DMON_DEFAULT_INTERVAL_S = 1.0
 
 
-def read(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None) -> UtilSeries:
+MAX_LOG_BYTES = 1 << 30
+"""The most a counter log may hold, decompressed: it is read whole (a week of one-second samples of 8 GPUs is some
+0.7 GiB)."""
+
+
+MAX_LOG_DEVICES = 16384
+"""The most GPUs one counter log may hold: a fleet's range query, not a node's log (each GPU is summarised on its
+own, so 100,000 crafted indices would take minutes)."""
+
+
+def read(path: str | Path, fields: Sequence[str] | None = None, interval_s: float | None = None,
+         max_bytes: int = MAX_LOG_BYTES) -> UtilSeries:
     """Any supported counter log. ``fields``: the ``--query-gpu`` list of a CSV without header;
-    ``interval_s``: the ``-d`` of a dmon log without time columns."""
+    ``interval_s``: the ``-d`` of a dmon log without time columns; ``max_bytes``: the most it may hold, decompressed.
+    """
+    series = _read(path, fields, interval_s, max_bytes)
+    if len(series.devices) > MAX_LOG_DEVICES:
+        raise CorruptInput(f"{path}: {len(series.devices)} GPUs in one log (the limit is {MAX_LOG_DEVICES})",
+                           "a damaged index column, or split the fleet's query by host")
+    return series
+
+
+def _read(path: str | Path, fields: Sequence[str] | None, interval_s: float | None, max_bytes: int) -> UtilSeries:
     p = path if is_url(path) else Path(path)
     if isinstance(p, Path) and not p.exists():
         raise InputNotFound(f"{p}: no such file")
     if p.is_dir() if isinstance(p, Path) else is_folder(p):
         raise InputNotFound(f"{display(p) if isinstance(p, str) else p} is a folder", "give one log file")
-    with _open_text(p) as f:
+    with _open_text(p, max_bytes) as f:
         first = _first_line(f)
         f.seek(0)
         if first is None:
@@ -119,13 +139,13 @@ def read(path: str | Path, fields: Sequence[str] | None = None, interval_s: floa
         return read_csv(f, str(p), fields)
 
 
-def _open_text(p: str | Path) -> IO[str]:
+def _open_text(p: str | Path, max_bytes: int) -> IO[str]:
     raw = read_bytes(p)
     if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as err:
-            raise CorruptInput(f"{p}: truncated or corrupt gzip ({err})") from None
+        raw = gunzip_whole(raw, max_bytes, str(p))
+    elif len(raw) > max_bytes:
+        raise CorruptInput(f"{p}: more than {max_bytes >> 20} MiB", "a counter log that large is not read whole; "
+                           "keep a shorter span of it")
     return io.StringIO(_decode(raw))
 
 

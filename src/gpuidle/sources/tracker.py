@@ -28,6 +28,7 @@ from gpuidle.model import (
     TrackerLine,
     TrackerStep,
 )
+from gpuidle.sources.inputs import read_bytes
 from gpuidle.sources.job_facts import MAX_WORLD, checked_facts
 
 FORMAT = TRACKER_SOURCE
@@ -108,7 +109,7 @@ def _rank_of(f: Path) -> int:
 
 def read_summary(path: str | Path) -> AnalysisReport:
     try:
-        return msgspec.json.decode(Path(path).read_bytes(), type=AnalysisReport)
+        return msgspec.json.decode(read_bytes(path), type=AnalysisReport)
     except msgspec.DecodeError as err:
         raise CorruptInput(f"{path}: not a gpuidle report ({err})", "rerun the job, or analyse the rank logs") from None
 
@@ -116,10 +117,7 @@ def read_summary(path: str | Path) -> AnalysisReport:
 def read_log(path: str | Path) -> StepSeries:
     """One rank's log. A last line cut short (the job was killed mid-write) is dropped, with a note."""
     p = Path(path)
-    try:
-        raw = p.read_bytes().split(b"\n")
-    except OSError as err:
-        raise InputNotFound(f"{p}: {err.strerror}") from None
+    raw = read_bytes(p).split(b"\n")  # a regular file only: a FIFO named rank-0.jsonl would block
     lines = [x for x in raw if x.strip()]
     if not lines:
         raise NotATrace(f"{p}: empty file", "a tracker log starts with a header line")
