@@ -127,7 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser(command).parse_args(argv)
         func: Callable[[argparse.Namespace], int] = args.func
-        return func(args)
+        code = func(args)
+        sys.stdout.flush()  # here, where a full disk is an error line, not a complaint at the interpreter's exit
+        return code
     except GpuidleError as err:
         print(f"gpuidle: error: {printable(str(err))}", file=sys.stderr)  # it may quote a file's name
         return 2
@@ -136,3 +138,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as err:  # the readers word their own: what is left is the output (a full disk, a closed device)
+        print(f"gpuidle: error: cannot write the output: {err.strerror or err}", file=sys.stderr)
+        return 2

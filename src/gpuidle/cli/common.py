@@ -141,9 +141,16 @@ def warn(message: str) -> None:
 
 
 def emit(text: str, out: str | None) -> None:
-    """Write to stdout, or to the file ``out``."""
+    """Write to stdout, or to the file ``out``; a full disk or a closed device either way is one error line (a
+    closed pipe is the reader's choice: :func:`gpuidle.cli.main` ends quietly)."""
     if out is None:
-        sys.stdout.write(text)
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise GpuidleError(f"cannot write to standard output: {err.strerror}") from None
         return
     try:
         with open(out, "w", encoding="utf-8") as f:

@@ -75,7 +75,7 @@ def write_annotated(
     :param header: the keys around the event list; a live mapping that the reader fills
         while ``events`` is consumed (keys after the list arrive last).
     """
-    out = Path(out)
+    out = _target(Path(out))
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as raw:
@@ -90,6 +90,20 @@ def write_annotated(
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _target(out: Path) -> Path:
+    """The file the annotated trace replaces: where a link points (the link kept), and never a device, a FIFO or a
+    folder, which a rename would replace rather than write."""
+    try:
+        if out.is_symlink():
+            out = out.resolve(strict=False)
+        special = out.exists() and not out.is_file()
+    except (OSError, RuntimeError) as err:  # a loop of links
+        raise GpuidleError(f"cannot write {out}: {getattr(err, 'strerror', None) or err}") from None
+    if special:
+        raise GpuidleError(f"cannot write {out}: not a regular file", "give a file path for the annotated trace")
+    return out
 
 
 def _keys(header: Mapping[str, Any], skip: set[str]) -> list[bytes]:
