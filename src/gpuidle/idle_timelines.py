@@ -68,8 +68,10 @@ def _rank_of(tl: Timeline) -> int:
 
 
 def _rank_timeline(path: str, rank: int | None) -> Timeline:
+    """The rank of ``path`` numbered ``rank``: a file of one rank is that rank whatever number it reads as alone
+    (an XSpace profile's is its place among its folder's, which a job renumbers among the files given)."""
     timelines = read_timelines(path)
-    if rank is None:
+    if rank is None or len(timelines) == 1:
         return timelines[0]
     for tl in timelines:
         if _rank_of(tl) == rank:

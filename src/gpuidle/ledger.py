@@ -396,6 +396,8 @@ class Ledger:
             return [self._run(row) for row in rows]
 
     def get(self, run_id: int) -> Run | None:
+        if not 0 <= run_id < 1 << 63:  # past SQLite's integers: no such run (not an OverflowError)
+            return None
         with self._errors("read"):
             row = self._db.execute(f"SELECT {_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
             return None if row is None else self._run(row)
@@ -403,7 +405,7 @@ class Ledger:
     def find(self, ref: str) -> Run:
         """A run by id (``12``) or label (the newest run with that label)."""
         run: Run | None = None
-        if ref.isdigit():
+        if ref.isascii() and ref.isdigit():  # "²" is a digit to str.isdigit, not to int()
             run = self.get(int(ref))
         if run is None:
             with self._errors("read"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuidle.errors import GpuidleError, InputNotFound, NotATrace
+from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound, NotATrace
 from gpuidle.model import Timeline
 from gpuidle.sources import inputs, kineto, nsys_db, xspace_files
 
@@ -75,15 +75,31 @@ def read_timelines(path: str, progress: Callable[[int, int], None] | None = None
     if is_nsys(path):
         from gpuidle.sources import nsys
 
-        return nsys.read(path)
+        return _few_devices(path, nsys.read(path))
     if is_xspace(path):
         from gpuidle.sources import xspace
 
-        return [xspace.read(path, progress)]
+        return _few_devices(path, [xspace.read(path, progress)])
     if str(path).endswith((".sqlite", *nsys_db.REPORT_SUFFIXES)):  # named as an export, yet not one
         raise NotATrace(f"{inputs.display(str(path))}: not an Nsight Systems export (no SQLite header)",
                         "export the report again: nsys export --type sqlite report.nsys-rep")
-    return [kineto.read(path, progress)]
+    return _few_devices(path, [kineto.read(path, progress)])
+
+
+MAX_DEVICES = 256
+"""The most devices one rank of a trace may hold: a process drives a host's GPUs (8 to 16 today). Each device's
+idle is attributed over all of the rank's host events, so 20,000 device ids (a damaged or crafted id field) would
+take minutes for nothing."""
+
+
+def _few_devices(path: str, timelines: list[Timeline]) -> list[Timeline]:
+    """``timelines``, refused where one holds more than :data:`MAX_DEVICES` devices."""
+    for tl in timelines:
+        if len(tl.devices) > MAX_DEVICES:
+            raise CorruptInput(f"{inputs.display(str(path))}: {len(tl.devices)} devices in one rank, more than a "
+                               f"host holds (the limit is {MAX_DEVICES})",
+                               "a damaged device id field, or not a profiler trace")
+    return timelines
 
 
 def is_xspace(path: str | Path) -> bool:

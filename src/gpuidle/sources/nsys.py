@@ -183,7 +183,7 @@ def _read(path: str, t: Tables) -> list[Timeline]:
         dev = _Rows(dict.fromkeys(_DEVICE_KEYS, np.zeros(0, dtype=np.int64)))  # the records lost: the host side
     spans = [c for c in (dev.cols, host.cols) if c["start"].size]
     t0 = int(min(c["start"].min() for c in spans))
-    check_span(path, t0, max(int(c["end"].max()) for c in spans))
+    check_span(path, t0, max(int(np.maximum(c["start"], c["end"]).max()) for c in spans))  # a row may end first
     framework = _framework(names, t)
     env = nsys_ranks.environment(t)
     strings = list(names.ids)

@@ -118,6 +118,11 @@ def _key(metric: dict[str, Any]) -> Key | None:
     return (str(host), gpu) if 0 <= gpu < 1 << 20 else None
 
 
+MAX_UNIX_S = 1e11
+"""Later than any sample (the year 5138, in Unix seconds): a point past it, or before 1970, is dropped, as one
+that is not a number is (two of ±1e308 seconds apart would span infinity)."""
+
+
 def _point(point: object) -> tuple[float, float] | None:
     if not isinstance(point, list) or len(point) != 2:
         return None
@@ -125,7 +130,7 @@ def _point(point: object) -> tuple[float, float] | None:
         t, v = float(point[0]), float(str(point[1]))
     except (TypeError, ValueError, OverflowError):
         return None
-    if not math.isfinite(t):
+    if not 0 <= t < MAX_UNIX_S:  # NaN and infinities too
         return None
     return t, v if math.isfinite(v) else math.nan
 

@@ -229,9 +229,10 @@ def _plane(p: Any, b: _Builder) -> Plane:
             raise CorruptInput(f"{b.path}: line '{ln.name}' of plane '{p.name}' has an event past 64-bit nanoseconds "
                                f"(timestamp_ns {base}, offset_ps {max(off)}, duration_ps {max(dur)})",
                                "a damaged profile; record it again")
-        offs = np.asarray(off, dtype=np.int64)
+        offs, durs = np.asarray(off, dtype=np.int64), np.maximum(np.asarray(dur, dtype=np.int64), 0)
         start = base + offs // 1000
-        end = base + (offs + np.maximum(np.asarray(dur, dtype=np.int64), 0)) // 1000
+        # in whole ns and the picoseconds' carry: offset + duration in ps may pass int64 where their ns do not
+        end = start + durs // 1000 + (offs % 1000 + durs % 1000) // 1000
         if -1 in names:
             names = [n if n >= 0 else b.intern("") for n in names]
         lines.append(b.line(int(ln.id), ln.display_name or ln.name, start, end, names, ev_stats))
