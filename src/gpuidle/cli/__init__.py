@@ -138,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    except OSError as err:  # the readers word their own: what is left is the output (a full disk, a closed device)
-        print(f"gpuidle: error: cannot write the output: {err.strerror or err}", file=sys.stderr)
+    except OSError as err:  # the readers word their own: what is left is mostly the output (a full disk)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"gpuidle: error: {printable(where)}{err.strerror or err}", file=sys.stderr)
         return 2

@@ -75,5 +75,5 @@ def gunzip_whole(data: bytes, limit: int, name: str) -> bytes:
         raise CorruptInput(f"{name}: damaged gzip data ({err})") from None
     if left <= 0:
         raise CorruptInput(f"{name}: more than {limit >> 20} MiB once decompressed",
-                           "a counter log that large is not read whole; keep a shorter span of it")
+                           "a file read whole is not read that large; give a shorter span of it")
     return b"".join(out)

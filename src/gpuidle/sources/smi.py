@@ -144,8 +144,8 @@ def _open_text(p: str | Path, max_bytes: int) -> IO[str]:
     if raw[:2] == b"\x1f\x8b":
         raw = gunzip_whole(raw, max_bytes, str(p))
     elif len(raw) > max_bytes:
-        raise CorruptInput(f"{p}: more than {max_bytes >> 20} MiB", "a counter log that large is not read whole; "
-                           "keep a shorter span of it")
+        raise CorruptInput(f"{p}: more than {max_bytes >> 20} MiB", "a file read whole is not read that large; "
+                           "give a shorter span of it")
     return io.StringIO(_decode(raw))
 
 
