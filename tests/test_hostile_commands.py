@@ -4,7 +4,7 @@ never a traceback, a hang, memory without bound or an overwritten device or FIFO
 Each case is one that a review found failing: a gzip bomb read whole as a counter log, ``cost --from`` on a FIFO
 or ``/dev/zero``, a full standard output, ``--annotate`` over a FIFO, a run id past SQLite's integers, times
 past 64 bits in an Nsight export and an XSpace profile, timestamps of ±1e308 in a Prometheus log, tens of
-thousands of devices, and an XSpace profile beside another host's.
+thousands of devices, an XSpace profile beside another host's, and an empty path.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 
 from conftest import DATA
 from gpuidle import api
-from gpuidle.errors import CorruptInput
+from gpuidle.errors import CorruptInput, InputNotFound
 from gpuidle.sources import formats, smi
 
 NCCL = DATA / "nccl_parser_config__nccl_data.json.gz"
@@ -179,3 +179,10 @@ def test_an_xspace_profile_beside_another_hosts_draws_and_annotates(tmp_path: Pa
     assert proc.returncode in (0, 1), proc.stderr
     assert page.stat().st_size > 0
     assert json.loads(gzip.decompress(annotated.read_bytes()))["traceEvents"]
+
+
+def test_an_empty_path_is_no_path() -> None:
+    """Not the current folder: an unset shell variable (``gpuidle analyze "$TRACE"``) would analyse it."""
+    assert_one_line_error(gpuidle("analyze", "--no-ledger", ""), "an empty path")
+    with pytest.raises(InputNotFound, match="an empty path"):
+        api.analyze([str(NCCL), " "])

@@ -320,6 +320,15 @@ def test_gzip_bombs_stop_at_the_event_limit(tmp_path: Path, monkeypatch: pytest.
     assert CountingStream.pulled <= limit + (1 << 16) + 2 * jsonstream.READ_BLOCK
 
 
+def test_whitespace_past_the_header_limit_is_said_so_not_called_empty(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsonstream, "HEADER_LIMIT", 1 << 20)
+    path = tmp_path / "spaces.json.gz"
+    path.write_bytes(gzip.compress(b" " * (2 << 20) + b'{"traceEvents": []}', 1))
+    with pytest.raises(CorruptInput, match="only whitespace in its first 1 MiB"):
+        list(jsonstream.TraceStream(str(path), kineto_events.decode_chunk))
+
+
 # -- special paths, unreadable files, crashing ranks -----------------------------------------------
 
 

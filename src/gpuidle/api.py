@@ -63,10 +63,12 @@ Inputs: TypeAlias = Input | Sequence[Input]
 
 
 def as_inputs(paths: Inputs) -> list[str]:
-    """A list of inputs from one or many: a single string is one input, never its characters."""
-    if isinstance(paths, str | os.PathLike):
-        return [os.fspath(paths)]
-    return [os.fspath(p) for p in paths]
+    """A list of inputs from one or many: a single string is one input, never its characters. An empty one (an
+    unset shell variable) is refused: as a path it would be the current folder."""
+    given = [os.fspath(paths)] if isinstance(paths, str | os.PathLike) else [os.fspath(p) for p in paths]
+    if any(not str(p).strip() for p in given):
+        raise InputNotFound("an empty path", "give a trace file or a folder of them")
+    return given
 
 
 def analyze(

@@ -286,7 +286,10 @@ class TraceStream(Generic[T]):
                 del buf[:start]
                 return buf
             if len(buf) > HEADER_LIMIT:
-                raise self._not_a_trace(bytes(buf[:4096]))
+                if not _WS_RUN.fullmatch(buf):  # something else than whitespace: say what
+                    raise self._not_a_trace(bytes(buf[:4096]))
+                raise CorruptInput(f"{self.path}: only whitespace in its first {HEADER_LIMIT >> 20} MiB",
+                                   "not a profiler trace: give a PyTorch profiler trace, .json or .json.gz")
         raise self._not_a_trace(bytes(buf))
 
     def _find_events(self, buf: bytearray, searched: int) -> tuple[int | None, int]:
