@@ -26,6 +26,7 @@ from conftest import DATA
 from gpuidle import api
 from gpuidle.errors import CorruptInput, InputNotFound
 from gpuidle.sources import formats, smi
+from test_cli_errors import assert_one_line_error
 
 NCCL = DATA / "nccl_parser_config__nccl_data.json.gz"
 EXPORT = DATA / "cloverleaf_a100__perlmutter-cloverleaf-cuda.sqlite"
@@ -36,15 +37,6 @@ def gpuidle(*args: str, stdout: int | None = None, ledger: Path | None = None) -
     env = {**os.environ, "GPUIDLE_LEDGER": str(ledger or "/nonexistent-gpuidle-test/ledger.sqlite")}
     return subprocess.run([sys.executable, "-m", "gpuidle", *args], stdout=stdout or subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, timeout=60, env=env)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("gpuidle: error: "), proc.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def zeros_gzip(path: Path, mib: int) -> Path:
