@@ -36,17 +36,19 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_job_facts(meta: TraceMeta) -> None:
+def check_job_facts(meta: TraceMeta, largest_group: int | None = None) -> None:
     """``meta``'s world size, rank and process groups checked against each other and against :data:`MAX_WORLD`;
-    what does not hold is dropped from ``meta`` and named in its notes."""
-    meta.world_size, meta.process_groups, notes = checked_facts(meta.rank, meta.world_size, meta.process_groups)
+    ``largest_group``: the most ranks one of the trace's collective calls names. What does not hold is dropped
+    from ``meta`` and named in its notes."""
+    meta.world_size, meta.process_groups, notes = checked_facts(meta.rank, meta.world_size, meta.process_groups,
+                                                                largest_group)
     meta.notes.extend(notes)
 
 
-def checked_facts(rank: int | None, world: int | None, groups: list[dict[str, Any]]
-                  ) -> tuple[int | None, list[dict[str, Any]], list[str]]:
-    """The world size (None where set aside) and the process groups that hold together with ``rank`` and each
-    other, and one note per kind of claim set aside."""
+def checked_facts(rank: int | None, world: int | None, groups: list[dict[str, Any]],
+                  largest_group: int | None = None) -> tuple[int | None, list[dict[str, Any]], list[str]]:
+    """The world size (None where set aside) and the process groups that hold together with ``rank``, each other
+    and the largest group a collective call names, and one note per kind of claim set aside."""
     notes = []
     if world is not None and not 1 <= world <= MAX_WORLD:
         notes.append(f"the trace's world size {_short(world)} is more ranks than any job runs (over {MAX_WORLD:,}): "
@@ -54,6 +56,10 @@ def checked_facts(rank: int | None, world: int | None, groups: list[dict[str, An
         world = None
     if rank is not None and world is not None and not 0 <= rank < world:
         notes.append(f"rank {_short(rank)} lies outside the trace's world of {world}: the world size is set aside")
+        world = None
+    if largest_group is not None and world is not None and largest_group > world:
+        notes.append(f"a collective of {_short(largest_group)} ranks is larger than the trace's world of {world}: "
+                     "the world size is set aside")
         world = None
     kept: list[dict[str, Any]] = []
     why: dict[str, int] = {}

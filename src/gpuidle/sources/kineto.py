@@ -151,7 +151,8 @@ def read(path: str, progress: Callable[[int, int], None] | None = None) -> Timel
         out_bytes=np.asarray(c["outb"], dtype=np.int64),
         group_size=np.asarray(c["size"], dtype=np.int32), dtype=c["dtype"],
     )
-    meta = _meta(path, header, int(t0_us) * 1000)
+    sizes = collectives.group_size
+    meta = _meta(path, header, int(t0_us) * 1000, int(sizes.max()) if sizes.size else None)
     _match_only_device(meta, distinct(device_ops.device))
     meta.kernel_arch = kernel_arch_by_device(strings, device_ops)
     meta.notes.extend(skipped)
@@ -222,7 +223,7 @@ def _is_int(value: Any, least: int) -> bool:
     return type(value) is int and least <= value <= I32_MAX
 
 
-def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
+def _meta(path: str, header: dict[str, Any], t0_ns: int, largest_group: int | None = None) -> TraceMeta:
     meta = TraceMeta(path=path, format=FORMAT, t0_ns=t0_ns)
     info = header.get("distributedInfo")
     if isinstance(info, dict):
@@ -239,7 +240,7 @@ def _meta(path: str, header: dict[str, Any], t0_ns: int) -> TraceMeta:
             meta.process_groups = [g for g in groups if isinstance(g, dict)]
     if meta.rank is None:
         meta.notes.append("the trace records no rank (distributedInfo.rank): taken as rank 0")
-    check_job_facts(meta)
+    check_job_facts(meta, largest_group)
     meta.header_flags = {k: header[k] for k in ("with_stack", "record_shapes", "profile_memory", "with_flops")
                          if isinstance(header.get(k), int | bool | str)}
     props = header.get("deviceProperties")
