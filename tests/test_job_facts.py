@@ -143,6 +143,30 @@ def test_a_tracker_log_s_world_is_checked_as_a_trace_s(tmp_path: Path) -> None:
                " than any job runs" in n for n in notes)
 
 
+def test_a_world_smaller_than_its_collectives_is_set_aside(tmp_path: Path) -> None:
+    """Both ranks claim a world of 1 while their all-reduces name groups of 2: rank 0 alone held together
+    with its world, and printed a world of 1 beside a data-parallel dimension of 2."""
+    report = analyze(job(tmp_path, 1, [{"pg_name": "4", "pg_desc": "default_pg"}]))
+    for r in report.ranks:
+        assert r.world_size is None
+        assert [(m.dim, m.size) for m in r.communication.mesh] == [("dp", 2)]
+    assert "a collective of 2 ranks is larger than the trace's world of 1: the world size is set aside" in \
+        report.ranks[0].notes
+
+
+def test_a_large_world_lists_its_lowest_missing_ranks_and_counts_them_all(tmp_path: Path) -> None:
+    """Two traces of a claimed 164,060-rank job: 164,058 missing ranks once made a 1.2 MB report."""
+    from gpuidle.model import MISSING_LISTED
+
+    report = analyze(job(tmp_path, 164_060, []))
+    assert report.job is not None
+    assert report.job.missing_ranks == list(range(2, 2 + MISSING_LISTED))
+    assert report.job.missing_count() == 164_058
+    assert len(report.to_json()) < 1 << 16
+    assert f"missing ranks: 2-{MISSING_LISTED + 1} and {164_058 - MISSING_LISTED:,} more" in \
+        TerminalRenderer().render(report)
+
+
 GROUP = st.fixed_dictionaries(
     {"pg_name": st.sampled_from(["0", "4", "7"]),
      "pg_desc": st.sampled_from(["default_pg", "mesh_dp", "mesh_tp", "mesh_pp", "TENSOR_MODEL_PARALLEL_GROUP"])},

@@ -244,8 +244,8 @@ def job_problem(reports: Sequence[RankReport], job: JobReport | None) -> str | N
     if empty:
         return f"rank {', '.join(map(str, empty))} has no steps"
     if job.missing_ranks:
-        few = ", ".join(map(str, job.missing_ranks[:8])) + (" …" if len(job.missing_ranks) > 8 else "")
-        return f"{len(job.missing_ranks)} rank(s) missing from the input ({few}): any of them may set the pace"
+        few = ", ".join(map(str, job.missing_ranks[:8])) + (" …" if job.missing_count() > 8 else "")
+        return f"{job.missing_count()} rank(s) missing from the input ({few}): any of them may set the pace"
     counts = {r.rank: len(r.steps) for r in reports}
     if len(set(counts.values())) > 1:
         most = max(counts.values())

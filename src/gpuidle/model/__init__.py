@@ -30,6 +30,7 @@ from .metrics import (
 from .quality import QUALITY_KINDS, TraceQuality
 from .report import (
     COMM_ROLES,
+    MISSING_LISTED,
     PARALLELISM,
     AnalysisReport,
     CollectiveStat,
@@ -152,6 +153,7 @@ __all__ = [
     "JOB_LABELS",
     "LAST_SAMPLE",
     "LAUNCH_CALL",
+    "MISSING_LISTED",
     "MONITOR_FORMAT",
     "PARALLELISM",
     "QUALITY_KINDS",

@@ -342,10 +342,16 @@ class JobStep(msgspec.Struct):
     """How long the others waited for ``last_rank`` in this step, summed over its collectives."""
 
 
+MISSING_LISTED = 4096
+"""The most missing ranks a job lists (the lowest): 2 traces of a 200,000-rank job would list 199,998."""
+
+
 class JobReport(msgspec.Struct):
     world_size: int | None
     ranks_found: list[int]
     missing_ranks: list[int]
+    """The lowest of the world's ranks with no trace, at most :data:`MISSING_LISTED` (all of them before schema minor
+    15); :meth:`missing_count` counts them all."""
     duplicate_ranks: list[int]
     step_skew: float | None
     """Max / median of per-rank mean step time."""
@@ -354,6 +360,12 @@ class JobReport(msgspec.Struct):
     communication: JobCommunication
     notes: list[str]
     steps: list[JobStep] = []
+
+    def missing_count(self) -> int:
+        """The world's ranks with no trace, every one (the list holds the lowest of them)."""
+        if not self.world_size:
+            return len(self.missing_ranks)
+        return self.world_size - len({r for r in self.ranks_found if 0 <= r < self.world_size})
 
 
 class Source(msgspec.Struct):

@@ -23,7 +23,7 @@ I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
 
 SCHEMA = "gpuidle.analysis/1"
-SCHEMA_MINOR = 14
+SCHEMA_MINOR = 15
 """Minor version of :data:`SCHEMA`: additions only (1: the ``job`` object; 2: ``steps[].excluded``,
 ``combined``, ``alternative_to``, nullable gains with their reason, devices' compute capability;
 3: ``source.framework``; 4: ``ranks[].backend``; 5: gains' ``step_s_saved_low``/``_high``, ``basis``,
@@ -38,7 +38,8 @@ earlier minor is read so; 9: ``ranks[].sync_sources``, step sources ``device_ste
 the job at more GPUs; 12: ``declined``, ``steps[].zero_grad_s``, ``ranks[].workload.libraries``; 13: ``quality``
 and ``ranks[].quality``, what the trace cannot tell, no longer among the fixes; step sources ``repeating_ranges``
 and ``device_period``; 14: step source ``repeating_device_ranges``, a range on the GPU's own timeline;
-``host_side``, the ranks whose device records were lost, reported from their host side alone)."""
+``host_side``, the ranks whose device records were lost, reported from their host side alone; 15:
+``job.missing_ranks`` lists at most the lowest 4,096, ``world_size`` less the ranks found counts them all)."""
 WINDOW_LESS_STARTUP = 8
 """The minor from which ``devices[].window_s`` leaves start-up out."""
 

@@ -174,7 +174,9 @@ def _job(job: JobReport) -> RenderableType:
     for note in job.notes:
         lines.append(Text(f"note: {note}", style="bright_black"))
     if job.missing_ranks:
-        lines.append(Text(f"missing ranks: {ranges(job.missing_ranks)}", style="bright_black"))
+        more = job.missing_count() - len(job.missing_ranks)
+        lines.append(Text(f"missing ranks: {ranges(job.missing_ranks)}" + (f" and {more:,} more" if more > 0 else ""),
+                          style="bright_black"))
     if job.duplicate_ranks:
         lines.append(Text(f"ranks given twice: {job.duplicate_ranks}", style="yellow"))
     return Panel(Group(*lines), title="job", title_align="left")
