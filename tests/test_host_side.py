@@ -20,7 +20,8 @@ from conftest import DATA
 from gpuidle.api import analyze, compare_runs, record_analysis, timeline_for
 from gpuidle.cli import main
 from gpuidle.errors import GpuidleError
-from gpuidle.report.jsonout import JsonRenderer, load_report
+from gpuidle.model import AnalysisReport
+from gpuidle.report.jsonout import JsonRenderer
 from gpuidle.report.registry import renderer_class
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "ddp_a100_rank0.pt.trace.json.gz"
@@ -172,7 +173,7 @@ def test_the_command_prints_the_host_side_and_exits_1(tmp_path: Path, capsys: py
     assert "host side only: 104 kernel launches" in md
     assert "No fixes" in md
     assert "Top fixes" not in md  # no heading over no fix: the sentence says there is none
-    assert load_report(JsonRenderer().render(analyze([trace]))).host_side == [h]
+    assert AnalysisReport.from_json(JsonRenderer().render(analyze([trace]))).host_side == [h]
 
 
 def test_the_library_refuses_what_needs_device_figures(tmp_path: Path) -> None:

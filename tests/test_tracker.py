@@ -20,8 +20,7 @@ from gpuidle.cli import main
 from gpuidle.errors import CorruptInput, GpuidleError, NotATrace
 from gpuidle.live.tracker import HostClock, Marker, StepTracker, batch_size, timed_hook
 from gpuidle.live.tracker.ddp import comm_times
-from gpuidle.model import CAUSES, TRACKER_SUMMARY, StepSeries
-from gpuidle.report.jsonout import load_report
+from gpuidle.model import CAUSES, TRACKER_SUMMARY, AnalysisReport, StepSeries
 from gpuidle.sources import tracker as reader
 
 MS = 1_000_000
@@ -521,7 +520,7 @@ def test_a_log_cut_short_is_read_with_a_note_and_a_broken_one_is_an_error(tmp_pa
 
 def test_analyze_reads_a_tracker_folder_like_a_trace_folder(tmp_path: Path) -> None:
     run = _write_run(tmp_path)
-    summary = load_report((run / TRACKER_SUMMARY).read_bytes())
+    summary = AnalysisReport.from_json((run / TRACKER_SUMMARY).read_bytes())
     report = analyze([run])
     assert report.source.format == "tracker"
     assert report.ranks[0].step_source == "tracker"
@@ -531,7 +530,7 @@ def test_analyze_reads_a_tracker_folder_like_a_trace_folder(tmp_path: Path) -> N
 
 def test_the_summary_stands_in_for_rank_logs_on_another_node(tmp_path: Path) -> None:
     run = _write_run(tmp_path)
-    report = load_report((run / TRACKER_SUMMARY).read_bytes())
+    report = AnalysisReport.from_json((run / TRACKER_SUMMARY).read_bytes())
     report.ranks.append(msgspec.structs.replace(report.ranks[0], rank=1))
     (run / TRACKER_SUMMARY).write_bytes(msgspec.json.encode(report))
     assert [r.rank for r in analyze([run]).ranks] == [0, 1]
@@ -659,7 +658,7 @@ def test_the_job_summary_is_recorded_in_the_ledger(tmp_path: Path) -> None:
         (run,) = ledger.runs()
     assert run.kind == "tracker"
     assert run.label == "baseline"
-    assert load_report(run.report).source.format == report.source.format
+    assert AnalysisReport.from_json(run.report).source.format == report.source.format
 
 
 def test_no_ledger_record_when_asked(tmp_path: Path) -> None:

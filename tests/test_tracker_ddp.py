@@ -21,7 +21,6 @@ import pytest
 
 from gpuidle.api import analyze
 from gpuidle.model import TRACKER_SUMMARY, AnalysisReport
-from gpuidle.report.jsonout import load_report
 
 pytest.importorskip("torch.distributed")
 
@@ -42,7 +41,7 @@ def _torchrun(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def _report(out: Path) -> AnalysisReport:
     """The job summary rank 0 wrote, checked against a fresh analysis of the rank logs."""
-    summary = load_report((out / TRACKER_SUMMARY).read_bytes())
+    summary = AnalysisReport.from_json((out / TRACKER_SUMMARY).read_bytes())
     again = analyze([out])
     assert again.source.format == summary.source.format == "tracker"
     assert [r.id for r in again.recommendations] == [r.id for r in summary.recommendations]

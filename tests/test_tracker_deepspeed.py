@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from gpuidle.model import TRACKER_SUMMARY, AnalysisReport, RankReport
-from gpuidle.report.jsonout import load_report
 
 if importlib.util.find_spec("deepspeed") is None:  # imported by the job's processes only, never by pytest's
     pytest.skip("DeepSpeed is not installed (CI installs it)", allow_module_level=True)
@@ -47,7 +46,7 @@ def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return stage, load_report((out / TRACKER_SUMMARY).read_bytes())
+    return stage, AnalysisReport.from_json((out / TRACKER_SUMMARY).read_bytes())
 
 
 def test_the_collectives_are_timed(job: tuple[int, AnalysisReport]) -> None:

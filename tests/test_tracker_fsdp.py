@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from gpuidle.model import TRACKER_SUMMARY, AnalysisReport, RankReport
-from gpuidle.report.jsonout import load_report
 
 pytest.importorskip("torch.distributed.fsdp")
 
@@ -45,7 +44,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> AnalysisReport:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "straggler: rank 1 ×" in proc.stderr
-    return load_report((out / TRACKER_SUMMARY).read_bytes())
+    return AnalysisReport.from_json((out / TRACKER_SUMMARY).read_bytes())
 
 
 def test_fsdp2_job_is_recognised_and_its_collectives_timed(report: AnalysisReport) -> None:

@@ -14,7 +14,6 @@ import pytest
 from gpuidle.api import analyze
 from gpuidle.live.tracker.groups import rank_groups
 from gpuidle.model import TRACKER_SUMMARY, AnalysisReport
-from gpuidle.report.jsonout import load_report
 
 pytest.importorskip("torch.distributed")
 
@@ -51,7 +50,7 @@ def _check(report: AnalysisReport, out: Path) -> None:
 
 
 def test_the_summary_and_the_logs_give_each_rank_its_place(job: Path) -> None:
-    _check(load_report((job / TRACKER_SUMMARY).read_bytes()), job)  # rank 0's view, the groups exchanged
+    _check(AnalysisReport.from_json((job / TRACKER_SUMMARY).read_bytes()), job)  # rank 0's view, the groups exchanged
     _check(analyze([job]), job)                                       # the logs read back
 
 

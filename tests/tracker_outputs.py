@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuidle.ledger import Ledger
-from gpuidle.report.jsonout import load_report
+from gpuidle.model import AnalysisReport
 
 
 def assert_served_and_recorded(scraped: str, ledger_path: Path, label: str, framework: str) -> None:
@@ -18,4 +18,4 @@ def assert_served_and_recorded(scraped: str, ledger_path: Path, label: str, fram
     with Ledger(ledger_path) as ledger:
         (run,) = ledger.runs()
     assert (run.kind, run.label) == ("tracker", label)
-    assert load_report(run.report).source.framework == framework
+    assert AnalysisReport.from_json(run.report).source.framework == framework

@@ -369,34 +369,34 @@ def record_analysis(
                          path=ledger_path, **facts)
 
 
-def read_analysis_report(path: str | Path) -> notebook.AnalysisReport:
+def read_analysis_report(path: str | Path,
+                         hint: str = "write one with: gpuidle analyze TRACES --json --out report.json"
+                         ) -> notebook.AnalysisReport:
     """A ``gpuidle analyze --json`` report (a regular file or a URL: a FIFO would block, ``/dev/zero`` never
-    end), or a one-line error saying what to give instead."""
+    end), or a one-line error with ``hint``: what to give instead. Every command reads a report through it."""
+    shown = inputs.display(str(path)) if inputs.is_url(path) else str(path)
     data = inputs.read_bytes(path)
     try:
         return notebook.AnalysisReport.from_json(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as err:
-        raise NotATrace(f"{path} is not a gpuidle analysis report ({err})",
-                        "write one with: gpuidle analyze TRACES --json --out report.json") from None
+        raise NotATrace(f"{shown}: not a gpuidle JSON report ({err})", hint) from None
 
 
 def load_run(ref: str, ledger_path: str | Path | None = None) -> tuple[notebook.AnalysisReport, comparison.RunInfo]:
     """A run by JSON report path, ledger id, or label (the newest run with that label)."""
     from gpuidle import ledger
     from gpuidle.analysis import compare as comparison
-    from gpuidle.report.jsonout import load_report
 
     if inputs.is_url(ref) or Path(ref).is_file():
         shown = inputs.display(ref) if inputs.is_url(ref) else ref
         try:
-            report = load_report(inputs.read_bytes(ref))
-        except (msgspec.DecodeError, OSError) as err:
+            report = read_analysis_report(ref, "give a report written by gpuidle analyze --json, a run id or a label")
+        except NotATrace:
             if looks_like_trace(ref):
                 raise GpuidleError(f"{shown} is a profiler trace, not an analysis",
                                    f"run gpuidle analyze {shown} first (it records the run), then compare "
                                    "run ids or labels, or reports written by gpuidle analyze --json") from None
-            raise GpuidleError(f"{shown}: not a gpuidle JSON report ({err})",
-                               "give a report written by gpuidle analyze --json, a run id or a label") from None
+            raise
         if not report.ranks:
             raise GpuidleError(f"{shown}: a report without device figures (its device records were lost): nothing "
                                "to compare", "compare reports of traces that kept their device records")

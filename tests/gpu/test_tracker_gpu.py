@@ -23,8 +23,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 
 from gpuidle.api import analyze  # noqa: E402
 from gpuidle.live.tracker import CudaClock, StepTracker  # noqa: E402
-from gpuidle.model import TRACKER_SUMMARY  # noqa: E402
-from gpuidle.report.jsonout import load_report  # noqa: E402
+from gpuidle.model import TRACKER_SUMMARY, AnalysisReport  # noqa: E402
 
 
 def _train(tracker: StepTracker, steps: int, size: int = 2048, sync: bool = False) -> None:
@@ -121,7 +120,7 @@ def test_ddp_with_nccl_under_torchrun(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = load_report((tmp_path / TRACKER_SUMMARY).read_bytes())
+    report = AnalysisReport.from_json((tmp_path / TRACKER_SUMMARY).read_bytes())
     assert all(r.communication.collectives for r in report.ranks)
     assert all(not any("device timing unavailable" in x for x in r.notes) for r in report.ranks)
     if n == 2:

@@ -14,8 +14,3 @@ class JsonRenderer:
 
     def render(self, report: AnalysisReport, options: RenderOptions = DEFAULT_OPTIONS) -> str:
         return msgspec.json.format(msgspec.json.encode(report).decode(), indent=2) + "\n"
-
-
-def load_report(text: bytes | str) -> AnalysisReport:
-    """Read a JSON report back (e.g. for comparisons)."""
-    return msgspec.json.decode(text, type=AnalysisReport)

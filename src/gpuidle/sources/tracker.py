@@ -109,7 +109,7 @@ def _rank_of(f: Path) -> int:
 
 def read_summary(path: str | Path) -> AnalysisReport:
     try:
-        return msgspec.json.decode(read_bytes(path), type=AnalysisReport)
+        return AnalysisReport.from_json(read_bytes(path))
     except msgspec.DecodeError as err:
         raise CorruptInput(f"{path}: not a gpuidle report ({err})", "rerun the job, or analyse the rank logs") from None
 
