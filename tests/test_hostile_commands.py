@@ -178,3 +178,17 @@ def test_an_empty_path_is_no_path() -> None:
     assert_one_line_error(gpuidle("analyze", "--no-ledger", ""), "an empty path")
     with pytest.raises(InputNotFound, match="an empty path"):
         api.analyze([str(NCCL), " "])
+
+
+def test_a_file_read_whole_reads_no_more_than_its_bound(tmp_path: Path) -> None:
+    """An 8 GiB log (sparse: no disk) refused after its first MiB and a byte, in a process that stays small."""
+    big = tmp_path / "dmon.log"
+    with big.open("wb") as f:
+        f.truncate(8 << 30)
+    code = ("import resource, sys\nfrom gpuidle.errors import CorruptInput\nfrom gpuidle.sources import smi\n"
+            "try:\n    smi.read(sys.argv[1], max_bytes=1 << 20)\nexcept CorruptInput as err:\n    print(err)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, timeout=60,
+                         check=True).stdout.splitlines()
+    assert "more than 1 MiB" in out[0]
+    assert int(out[1]) < 400_000  # KiB: the interpreter and numpy, not the file

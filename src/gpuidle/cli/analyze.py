@@ -155,7 +155,7 @@ def _counter_log(path: str) -> bool:
     from gpuidle import api
 
     try:
-        if not os.path.isfile(path) or os.path.getsize(path) > COUNTER_LOG_MAX_BYTES:
+        if not os.path.isfile(path):
             return False
         api.summarize_log(path, max_bytes=COUNTER_LOG_MAX_BYTES)
     except Exception:  # any failure to read it as a log: the trace's own error stands, never a traceback

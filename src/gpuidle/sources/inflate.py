@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Protocol, cast
 
 from gpuidle.errors import CorruptInput
+from gpuidle.sources.inputs import TOO_LARGE_TO_READ_WHOLE
 
 
 class Inflater(Protocol):
@@ -74,6 +75,5 @@ def gunzip_whole(data: bytes, limit: int, name: str) -> bytes:
     except inflate_errors() as err:
         raise CorruptInput(f"{name}: damaged gzip data ({err})") from None
     if left <= 0:
-        raise CorruptInput(f"{name}: more than {limit >> 20} MiB once decompressed",
-                           "a file read whole is not read that large; give a shorter span of it")
+        raise CorruptInput(f"{name}: more than {limit >> 20} MiB once decompressed", TOO_LARGE_TO_READ_WHOLE)
     return b"".join(out)

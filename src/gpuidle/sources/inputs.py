@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from gpuidle.errors import GpuidleError, InputNotFound, RemoteInputError
+from gpuidle.errors import CorruptInput, GpuidleError, InputNotFound, RemoteInputError
 
 READ_AHEAD = 16 << 20
 """Bytes a remote file fetches beyond the reader's request: the memory a remote read adds. Each
@@ -103,10 +103,21 @@ def open_input(path: str | Path) -> Iterator[BinaryIO]:
         remote.close()
 
 
-def read_bytes(path: str | Path) -> bytes:
-    """A whole small input (a counter log, a JSON report): local or remote."""
+TOO_LARGE_TO_READ_WHOLE = "a file read whole is not read that large; give a shorter span of it"
+
+
+def read_bytes(path: str | Path, limit: int | None = None) -> bytes:
+    """A whole small input (a counter log, a JSON report): local or remote; ``limit``: the most bytes it may hold,
+    never more read.
+
+    :raises CorruptInput: more than ``limit`` bytes.
+    """
     with open_input(path) as f:
-        return f.read()
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise CorruptInput(f"{display(str(path)) if is_url(path) else path}: more than {limit >> 20} MiB",
+                           TOO_LARGE_TO_READ_WHOLE)
+    return data
 
 
 def opened_size(f: BinaryIO) -> int:

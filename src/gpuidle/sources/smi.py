@@ -140,12 +140,9 @@ def _read(path: str | Path, fields: Sequence[str] | None, interval_s: float | No
 
 
 def _open_text(p: str | Path, max_bytes: int) -> IO[str]:
-    raw = read_bytes(p)
+    raw = read_bytes(p, max_bytes)
     if raw[:2] == b"\x1f\x8b":
         raw = gunzip_whole(raw, max_bytes, str(p))
-    elif len(raw) > max_bytes:
-        raise CorruptInput(f"{p}: more than {max_bytes >> 20} MiB", "a file read whole is not read that large; "
-                           "give a shorter span of it")
     return io.StringIO(_decode(raw))
 
 
