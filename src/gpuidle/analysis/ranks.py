@@ -22,7 +22,6 @@ from gpuidle.analysis.job_mesh import expert_skew, job_mesh, mesh_gaps, pipeline
 from gpuidle.analysis.steps import counted
 from gpuidle.analysis.summary import RankAnalysis
 from gpuidle.model import (
-    MISSING_LISTED,
     Cause,
     CollectiveStat,
     CommRole,
@@ -32,6 +31,7 @@ from gpuidle.model import (
     RankReport,
     RankRow,
     Straggler,
+    missing_ranks,
 )
 from gpuidle.model.arrays import median_of
 
@@ -215,7 +215,7 @@ def job_report(ranks: list[RankAnalysis], duplicates: list[int], include_all: bo
     sizes = {r.world_size for r in reports if r.world_size}
     if len(sizes) > 1:
         notes.append(f"ranks disagree on the world size: {sorted(sizes)}; are these traces from one job?")
-    missing = sorted(set(range(world)) - set(found))[:MISSING_LISTED] if world else []
+    missing = missing_ranks(world, found)
     if missing:
         notes.append(f"{len(found)} of {world} ranks present: waits are relative to the ranks present")
         notes += mesh_gaps([r.communication.mesh for r in reports], set(found))

@@ -47,7 +47,6 @@ from gpuidle.analysis.steps import after_profiling, steady_state
 from gpuidle.model import (
     CAUSES,
     I64,
-    MISSING_LISTED,
     TRACKER_OTHER,
     Cause,
     CollectiveStat,
@@ -61,6 +60,7 @@ from gpuidle.model import (
     StepSeries,
     Straggler,
     Window,
+    missing_ranks,
 )
 from gpuidle.model.arrays import distinct, median_of
 
@@ -388,7 +388,7 @@ def job_report(series: list[StepSeries], reports: list[RankReport], duplicates: 
     notes: list[str] = []
     if len({s.world_size for s in series}) > 1:
         notes.append(f"ranks disagree on the world size: {sorted({s.world_size for s in series})}")
-    missing = sorted(set(range(world)) - set(found))[:MISSING_LISTED]
+    missing = missing_ranks(world, found)
     if missing:
         notes.append(f"{len(found)} of {world} ranks present: waits were measured against all of them")
     if any(not s.device_timed for s in series):

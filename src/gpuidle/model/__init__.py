@@ -55,6 +55,7 @@ from .report import (
     SyncSource,
     Window,
     Workload,
+    missing_ranks,
     zero_causes,
 )
 from .scaleout import CommFit, ScaleOut, Span
@@ -253,6 +254,7 @@ __all__ = [
     "Window",
     "Workload",
     "duration",
+    "missing_ranks",
     "ranges",
     "util_series_from_records",
     "zero_causes",

@@ -346,6 +346,11 @@ MISSING_LISTED = 4096
 """The most missing ranks a job lists (the lowest): 2 traces of a 200,000-rank job would list 199,998."""
 
 
+def missing_ranks(world: int | None, found: list[int]) -> list[int]:
+    """The lowest :data:`MISSING_LISTED` of the world's ranks with no trace (none without a world)."""
+    return sorted(set(range(world)) - set(found))[:MISSING_LISTED] if world else []
+
+
 class JobReport(msgspec.Struct):
     world_size: int | None
     ranks_found: list[int]
