@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,20 @@ def test_a_byte_order_mark_is_read(tmp_path: Path, bom: bytes, encoding: str) ->
     assert s.devices[0].name == "NVIDIA A100-SXM4-80GB"
     for a, b in zip(s.devices, plain.devices, strict=True):
         assert np.allclose(a.col("util_pct"), b.col("util_pct"), equal_nan=True)
+
+
+def test_sample_times_past_any_date_are_unreadable_lines(tmp_path: Path) -> None:
+    """±1e308 seconds in gpuidle's own log, as in a Prometheus one: two such times would span infinity."""
+    enc = msgspec.json.encode
+    lines = [enc(MonitorHeader(format=MONITOR_FORMAT, t0=100.0, interval_s=1.0))]
+    lines += [enc(MonitorSample(t=t, gpus=[GpuSample(index=0, util_pct=50.0)]))
+              for t in (100.0, 1e308, -1e308, 101.0, 102.0)]
+    log = tmp_path / "far.jsonl"
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow in numpy would warn
+        s = smi.read(log)
+        a = analyze(s)
+    assert s.devices[0].t.tolist() == [0.0, 1.0, 2.0]
+    assert "2 unreadable line(s) ignored, first at line 3" in s.notes
+    assert a.window.dur_s == 3.0

@@ -87,6 +87,7 @@ from .series import (
     UtilSeries,
     UtilSource,
     UtilWindow,
+    plausible_unix_s,
     util_series_from_records,
 )
 from .steps import (
@@ -255,6 +256,7 @@ __all__ = [
     "Workload",
     "duration",
     "missing_ranks",
+    "plausible_unix_s",
     "ranges",
     "util_series_from_records",
     "zero_causes",

@@ -153,6 +153,16 @@ class HostSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     cpu_steal_pct: float | None = None
 
 
+MAX_UNIX_S = 1e11
+"""Later than any sample (the year 5138, in Unix seconds)."""
+
+
+def plausible_unix_s(t: float) -> bool:
+    """A sample's time a counter log may hold: from 1970 to :data:`MAX_UNIX_S` (NaN and infinities not; two
+    times of ±1e308 seconds would span infinity)."""
+    return 0 <= t < MAX_UNIX_S
+
+
 class MonitorSample(msgspec.Struct, tag="sample", kw_only=True, omit_defaults=True):
     """One batched sample: every device and the host, read together."""
 

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from gpuidle.errors import CorruptInput, NotATrace
-from gpuidle.model import GPU_GAUGES, GPU_METRICS, DeviceSeries, UtilSeries
+from gpuidle.model import GPU_GAUGES, GPU_METRICS, DeviceSeries, UtilSeries, plausible_unix_s
 
 FORMAT_PROMETHEUS = "prometheus-range"
 
@@ -118,11 +118,6 @@ def _key(metric: dict[str, Any]) -> Key | None:
     return (str(host), gpu) if 0 <= gpu < 1 << 20 else None
 
 
-MAX_UNIX_S = 1e11
-"""Later than any sample (the year 5138, in Unix seconds): a point past it, or before 1970, is dropped, as one
-that is not a number is (two of ±1e308 seconds apart would span infinity)."""
-
-
 def _point(point: object) -> tuple[float, float] | None:
     if not isinstance(point, list) or len(point) != 2:
         return None
@@ -130,7 +125,7 @@ def _point(point: object) -> tuple[float, float] | None:
         t, v = float(point[0]), float(str(point[1]))
     except (TypeError, ValueError, OverflowError):
         return None
-    if not 0 <= t < MAX_UNIX_S:  # NaN and infinities too
+    if not plausible_unix_s(t):
         return None
     return t, v if math.isfinite(v) else math.nan
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,6 +42,7 @@ from gpuidle.model import (
     MonitorRecord,
     MonitorSample,
     UtilSeries,
+    plausible_unix_s,
     util_series_from_records,
 )
 from gpuidle.sources import dcgm, prometheus
@@ -185,7 +185,7 @@ def read_jsonl(f: IO[str], path: str) -> UtilSeries:
             if header is None:
                 header = rec
         elif isinstance(rec, MonitorSample):
-            if math.isfinite(rec.t):
+            if plausible_unix_s(rec.t):
                 samples.append(rec)
             else:
                 bad.append(n)
